@@ -1,0 +1,41 @@
+"""scorch: sparse tensors as first-class citizens of PyTorch.
+
+``import scorch as torch`` gives every name of ``torch``; scorch's own names
+(below) add sparse tensors in any level format.
+
+>>> import scorch as torch
+>>> A = torch.as_sparse(torch.eye(3), format="csr")
+>>> A.to_dense().equal(torch.eye(3))
+True
+"""
+
+import torch as _torch
+
+from . import _alias, config, formats
+from ._version import __version__
+from .errors import InternalError, NotSupportedError, ScorchError, ScorchTypeError, ScorchValueError
+from .format import Format, Level, compressed, dense, padded, singleton
+from .interop import as_sparse, is_sparse, sparse_coo
+from .tensor import SparseTensor
+from . import _dispatch  # noqa: F401  (registers the dispatch table)
+from . import nn  # noqa: E402
+
+_alias.install()
+
+__all__ = [
+    "SparseTensor", "Format", "Level", "dense", "compressed", "singleton", "padded", "formats",
+    "as_sparse", "sparse_coo", "is_sparse", "config", "nn",
+    "ScorchError", "ScorchValueError", "ScorchTypeError", "NotSupportedError", "InternalError",
+    "__version__",
+]
+
+
+def __getattr__(name):
+    try:
+        return getattr(_torch, name)
+    except AttributeError:
+        raise AttributeError(f"module 'scorch' (and torch) has no attribute {name!r}") from None
+
+
+def __dir__():
+    return sorted(set(globals()) | set(dir(_torch)))

@@ -1,0 +1,130 @@
+"""The one dispatch table from torch functions to scorch implementations.
+
+``__torch_function__`` on SparseTensor lands in :func:`torch_function`: a
+registered implementation runs if there is one; otherwise the call proceeds
+into torch with subclass handling off, so metadata queries (shape, dtype,
+``requires_grad_``...) work on the wrapper directly.  Any aten op that then
+reaches :func:`torch_dispatch` without a handler runs on densified operands
+(the dense fallback), except ops that would write into a SparseTensor, which
+raise instead of silently writing into a temporary.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import torch
+from torch.utils._pytree import tree_map
+
+from . import config
+from .errors import NotSupportedError, ScorchValueError
+from .tensor import SparseTensor
+
+_FUNCTIONS: dict[Callable, Callable] = {}
+_ATEN: dict = {}
+_warned: set[str] = set()
+
+
+def implements(*funcs):
+    """Register the decorated function as the SparseTensor implementation of ``funcs``."""
+    def register(impl):
+        for f in funcs:
+            _FUNCTIONS[f] = impl
+        return impl
+    return register
+
+
+def implements_aten(*ops):
+    def register(impl):
+        for op in ops:
+            _ATEN[op] = impl
+        return impl
+    return register
+
+
+def torch_function(func, types, args, kwargs):
+    impl = _FUNCTIONS.get(func)
+    if impl is not None:
+        return impl(*args, **kwargs)
+    with torch._C.DisableTorchFunctionSubclass():
+        return func(*args, **kwargs)
+
+
+def torch_dispatch(func, types, args, kwargs):
+    impl = _ATEN.get(func) or _ATEN.get(func.overloadpacket)
+    if impl is not None:
+        return impl(*args, **kwargs)
+    return dense_fallback(func, args, kwargs)
+
+
+def _writes_sparse(func, args, kwargs) -> bool:
+    schema = func._schema
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        val = args[i] if i < len(args) else kwargs.get(a.name)
+        if isinstance(val, SparseTensor):
+            return True
+    return False
+
+
+def dense_fallback(func, args, kwargs):
+    name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else getattr(func, "__name__", str(func))
+    if _writes_sparse(func, args, kwargs):
+        raise NotSupportedError(
+            f"{name}: writing into a SparseTensor in place is not supported; "
+            "use the out-of-place op, or x.to_dense() first")
+    mode = config.dense_fallback
+    if mode not in config._FALLBACK_CHOICES:
+        raise ScorchValueError(
+            f"scorch.config.dense_fallback must be one of {config._FALLBACK_CHOICES}, got {mode!r}")
+    if mode == "raise":
+        raise NotSupportedError(
+            f"{name} has no sparse implementation and scorch.config.dense_fallback = 'raise'; "
+            "convert with x.to_dense() first, or set dense_fallback = 'warn'")
+    if mode == "warn" and name not in _warned:
+        _warned.add(name)
+        warnings.warn(f"scorch: {name} has no sparse implementation; running it on a dense copy "
+                      "(warned once per op; scorch.config.dense_fallback controls this)", stacklevel=3)
+    dense = tree_map(lambda a: a.to_dense() if isinstance(a, SparseTensor) else a, (args, kwargs))
+    return func(*dense[0], **dense[1])
+
+
+# ------------------------------------------------------------------ tensor-level methods reached as torch functions
+
+implements(torch.clone, torch.Tensor.clone)(SparseTensor.clone)
+implements(torch.t, torch.Tensor.t)(SparseTensor.t)
+implements(torch.transpose, torch.Tensor.transpose)(SparseTensor.transpose)
+implements(torch.permute, torch.Tensor.permute)(SparseTensor.permute)
+implements(torch.Tensor.detach)(SparseTensor.detach)
+implements(torch.Tensor.to)(SparseTensor.to)
+implements(torch.Tensor.copy_)(SparseTensor.copy_)
+implements(torch.Tensor.to_dense)(SparseTensor.to_dense)
+implements(torch.Tensor.values)(SparseTensor.values)
+
+
+# aten ops that torch itself issues on our wrapper (autograd, nn.Module, copy)
+@implements_aten(torch.ops.aten.detach.default, torch.ops.aten.alias.default)
+def _aten_detach(x):
+    return x.detach()
+
+
+@implements_aten(torch.ops.aten.clone.default)
+def _aten_clone(x, memory_format=None):
+    return x.clone()
+
+
+@implements_aten(torch.ops.aten._to_copy.default)
+def _aten_to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+                  memory_format=None):
+    if layout not in (None, torch.strided):
+        raise NotSupportedError(f"_to_copy: cannot change a SparseTensor's layout to {layout}; use to_torch()")
+    return x.to(device=device, dtype=dtype, non_blocking=non_blocking, copy=True)
+
+
+@implements_aten(torch.ops.aten.copy_.default)
+def _aten_copy(dst, src, non_blocking=False):
+    if not isinstance(dst, SparseTensor):
+        return dst.copy_(src.to_dense() if isinstance(src, SparseTensor) else src)
+    return dst.copy_(src)

@@ -1,0 +1,270 @@
+"""Conversions between coordinates, dense tensors and level storage.
+
+Pure, vectorised functions (no Python loop over nonzeros; loops run over
+*levels* only).  Storage is the tuple ``(pos, crd, vals)``: per level a
+``pos`` tensor (compressed levels, else None) and a ``crd`` tensor
+(compressed / singleton / padded levels, else None), plus one flat values
+tensor with one entry per position of the innermost level.
+
+Every conversion goes through coordinates: :func:`coords_of` walks the levels
+top-down and lists each stored entry's coordinates (in level order), and
+:func:`build` sorts, sums duplicates and assembles the levels of the target
+format.  When the source already lists entries in the target's order (CSR ->
+COO, CSR -> DCSR, ...) the sort is skipped after an O(nnz) check.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .errors import InternalError, ScorchValueError
+from .format import Format
+
+_I64 = torch.int64
+_INT32_MAX = 2**31 - 1
+
+
+def _ranges(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Concatenation of ``arange(s, s + c)`` for each (s, c), vectorised."""
+    total = int(counts.sum()) if counts.numel() else 0
+    if total == 0:
+        return torch.zeros(0, dtype=_I64)
+    offsets = torch.cumsum(counts, 0) - counts  # exclusive prefix sum
+    return torch.repeat_interleave(starts - offsets, counts, output_size=total) + torch.arange(total)
+
+
+def _counts_to_pos(parents: torch.Tensor, npos: int) -> torch.Tensor:
+    pos = torch.zeros(npos + 1, dtype=_I64)
+    if parents.numel():
+        torch.cumsum(torch.bincount(parents, minlength=npos), 0, out=pos[1:])
+    return pos
+
+
+# --------------------------------------------------------------- storage -> coordinates
+
+def coords_of(fmt: Format, shape, pos, crd, vals):
+    """Coordinates (``ndim x nnz`` int64, logical dims) and values of every stored
+    entry, listed in the format's level order; unused padded slots are dropped."""
+    sizes = fmt.level_sizes(shape)
+    p = torch.zeros(1, dtype=_I64)  # positions of the entries kept so far
+    npos = 1                        # number of positions at the current level
+    cols: list[torch.Tensor] = []
+    for k, lv in enumerate(fmt.levels):
+        n = sizes[k]
+        if lv.kind == "dense":
+            m = p.numel()
+            cols = [c.repeat_interleave(n) for c in cols]
+            cols.append(torch.arange(n, dtype=_I64).repeat(m))
+            p = (p.unsqueeze(1) * n + torch.arange(n, dtype=_I64)).reshape(-1)
+            npos *= n
+        elif lv.kind == "compressed":
+            pk = pos[k].to(_I64)
+            if p.numel() == npos:  # every parent position, in order: no gather needed
+                counts = pk[1:] - pk[:-1]
+                child = torch.arange(int(pk[-1]), dtype=_I64)
+                parent = torch.repeat_interleave(torch.arange(npos, dtype=_I64), counts, output_size=child.numel())
+            else:
+                starts, counts = pk[p], pk[p + 1] - pk[p]
+                child = _ranges(starts, counts)
+                parent = torch.repeat_interleave(torch.arange(p.numel(), dtype=_I64), counts,
+                                                 output_size=child.numel())
+            cols = [c[parent] for c in cols]
+            cols.append(crd[k][child].to(_I64))
+            p, npos = child, int(pk[-1])
+        elif lv.kind == "singleton":
+            cols.append(crd[k][p].to(_I64))
+        elif lv.kind == "padded":
+            slots = crd[k].numel() // npos if npos else 0
+            parent = torch.arange(p.numel(), dtype=_I64).repeat_interleave(slots)
+            child = (p.unsqueeze(1) * slots + torch.arange(slots, dtype=_I64)).reshape(-1)
+            c = crd[k][child].to(_I64)
+            used = c >= 0
+            parent, child, c = parent[used], child[used], c[used]
+            cols = [col[parent] for col in cols]
+            cols.append(c)
+            p, npos = child, npos * slots
+        else:  # pragma: no cover - Level validates kinds
+            raise InternalError(f"unknown level kind {lv.kind!r}")
+    stored = [None] * len(fmt.levels)
+    for k, o in enumerate(fmt.order):
+        stored[o] = cols[k]
+    values = vals[p]
+    if fmt.block:
+        n = fmt.ndim
+        logical = [stored[i] * fmt.block[i] + stored[n + i] for i in range(n)]
+    else:
+        logical = stored
+    if not logical[0].numel():
+        return torch.zeros((fmt.ndim, 0), dtype=_I64), values
+    return torch.stack(logical), values
+
+
+# --------------------------------------------------------------- coordinates -> storage
+
+def _sort_key(lc: torch.Tensor, sizes) -> torch.Tensor | None:
+    """Linear index of each entry in level order, or None if it could overflow int64."""
+    if math.prod(max(s, 1) for s in sizes) >= 2**62:
+        return None
+    key = torch.zeros(lc.shape[1], dtype=_I64)
+    for k, s in enumerate(sizes):
+        key.mul_(s).add_(lc[k])
+    return key
+
+
+def _sort_and_sum(lc: torch.Tensor, vals: torch.Tensor, sizes):
+    """Sort entries lexicographically by level coordinates and sum duplicates."""
+    nnz = lc.shape[1]
+    if nnz < 2:
+        return lc, vals
+    key = _sort_key(lc, sizes)
+    if key is not None:
+        if not bool((key[1:] >= key[:-1]).all()):
+            key, perm = torch.sort(key, stable=True)
+            lc, vals = lc[:, perm], vals[perm]
+        new = torch.ones(nnz, dtype=torch.bool)
+        torch.ne(key[1:], key[:-1], out=new[1:])
+    else:  # huge index space: stable sorts from the innermost level outwards
+        perm = torch.arange(nnz)
+        for k in reversed(range(lc.shape[0])):
+            perm = perm[torch.sort(lc[k, perm], stable=True).indices]
+        lc, vals = lc[:, perm], vals[perm]
+        new = torch.ones(nnz, dtype=torch.bool)
+        new[1:] = (lc[:, 1:] != lc[:, :-1]).any(0)
+    if bool(new.all()):
+        return lc, vals
+    group = torch.cumsum(new, 0) - 1
+    summed = torch.zeros(int(group[-1]) + 1, dtype=vals.dtype).index_add_(0, group, vals)
+    return lc[:, new], summed
+
+
+def _chain_end(levels, k: int) -> int:
+    """Last level of the singleton chain that follows nonunique level k."""
+    e = k
+    while not levels[e].unique:
+        e += 1
+    return e
+
+
+def build(fmt: Format, shape, coords: torch.Tensor, vals: torch.Tensor, index_dtype=None):
+    """Storage of ``fmt`` holding ``vals`` at ``coords`` (``ndim x nnz`` int64,
+    validated by the caller); duplicates are summed.  Returns ``(pos, crd, vals)``."""
+    shape = tuple(shape)
+    if fmt.block:
+        b = torch.tensor(fmt.block, dtype=_I64).unsqueeze(1)
+        stored = torch.cat([torch.div(coords, b, rounding_mode="floor"), coords % b])
+    else:
+        stored = coords
+    sizes = fmt.level_sizes(shape)
+    lc = stored[list(fmt.order)] if stored.shape[1] else torch.zeros((len(sizes), 0), dtype=_I64)
+    lc, vals = _sort_and_sum(lc, vals, sizes)
+    nnz = lc.shape[1]
+
+    pos: list = [None] * len(sizes)
+    crd: list = [None] * len(sizes)
+    p = torch.zeros(nnz, dtype=_I64)
+    npos = 1
+    chain_new = None  # entries that start a new position in the current nonunique chain
+    for k, lv in enumerate(fmt.levels):
+        c, n = lc[k], sizes[k]
+        if lv.kind == "dense":
+            p = p * n + c
+            npos *= n
+        elif lv.kind == "singleton":
+            crd[k] = c[chain_new]
+        else:  # compressed or padded: positions are the distinct (parent, coordinate...) prefixes
+            last = _chain_end(fmt.levels, k) if lv.kind == "compressed" else k
+            new = torch.ones(nnz, dtype=torch.bool)
+            if nnz > 1:
+                diff = p[1:] != p[:-1]
+                for j in range(k, last + 1):
+                    diff |= lc[j, 1:] != lc[j, :-1]
+                new[1:] = diff
+            q = torch.cumsum(new, 0) - 1
+            parents = p[new]
+            if lv.kind == "compressed":
+                crd[k] = c[new]
+                pos[k] = _counts_to_pos(parents, npos)
+                p, npos, chain_new = q, crd[k].numel(), new
+            else:
+                counts = torch.bincount(parents, minlength=npos) if nnz else torch.zeros(npos, dtype=_I64)
+                slots = int(counts.max()) if counts.numel() else 0
+                first = torch.cumsum(counts, 0) - counts
+                slot = q - first[p] if nnz else q
+                p = p * slots + slot
+                crd[k] = torch.full((npos * slots,), -1, dtype=_I64)
+                crd[k][p] = c
+                npos *= slots
+    out_vals = torch.zeros(npos, dtype=vals.dtype)
+    out_vals[p] = vals
+    return _cast_indices(fmt, shape, pos, crd, index_dtype), out_vals
+
+
+# --------------------------------------------------------------- index width
+
+def positions_per_level(fmt: Format, shape, crd) -> list[int]:
+    sizes = fmt.level_sizes(shape)
+    out, npos = [], 1
+    for k, lv in enumerate(fmt.levels):
+        if lv.kind == "dense":
+            npos *= sizes[k]
+        elif lv.kind != "singleton":
+            npos = crd[k].numel()
+        out.append(npos)
+    return out
+
+
+def auto_index_dtype(fmt: Format, shape, crd) -> torch.dtype:
+    """int32 when every coordinate and position fits, else int64."""
+    biggest = max(list(fmt.level_sizes(shape)) + positions_per_level(fmt, shape, crd) + [0])
+    return torch.int32 if biggest <= _INT32_MAX else _I64
+
+
+def _cast_indices(fmt, shape, pos, crd, index_dtype):
+    want = auto_index_dtype(fmt, shape, crd)
+    if index_dtype is None:
+        index_dtype = want
+    elif index_dtype == torch.int32 and want == _I64:
+        raise ScorchValueError(
+            f"index_dtype=torch.int32 cannot hold this tensor (shape {shape}, "
+            f"{max(positions_per_level(fmt, shape, crd) + [0])} positions); use torch.int64")
+    pos = tuple(None if t is None else t.to(index_dtype) for t in pos)
+    crd = tuple(None if t is None else t.to(index_dtype) for t in crd)
+    return pos, crd
+
+
+def recast(fmt, shape, pos, crd, index_dtype):
+    """The same storage with indices of ``index_dtype`` (None: automatic)."""
+    return _cast_indices(fmt, shape, pos, crd, index_dtype)
+
+
+# --------------------------------------------------------------- dense <-> storage
+
+def is_all_dense(fmt: Format) -> bool:
+    """Unblocked and dense at every level: the storage is the dense tensor itself."""
+    return not fmt.block and all(lv.kind == "dense" for lv in fmt.levels)
+
+
+def from_dense(fmt: Format, x: torch.Tensor, index_dtype=None):
+    """Storage of ``fmt`` for the dense tensor ``x`` (stores its nonzeros; NaN counts as nonzero)."""
+    if is_all_dense(fmt):
+        vals = x.permute(fmt.order).reshape(-1).clone()
+        n = len(fmt.levels)
+        return ((None,) * n, (None,) * n), vals
+    coords = x.nonzero().t()
+    vals = x[tuple(coords)] if coords.shape[1] else torch.zeros(0, dtype=x.dtype)
+    return build(fmt, x.shape, coords.contiguous(), vals, index_dtype)
+
+
+def to_dense(fmt: Format, shape, pos, crd, vals) -> torch.Tensor:
+    if is_all_dense(fmt):
+        inv = [0] * len(fmt.order)
+        for k, o in enumerate(fmt.order):
+            inv[o] = k
+        return vals.reshape(fmt.level_sizes(shape)).permute(inv).contiguous()
+    coords, values = coords_of(fmt, shape, pos, crd, vals)
+    out = torch.zeros(shape, dtype=vals.dtype, device=vals.device)
+    if values.numel():
+        out.index_put_(tuple(coords), values)
+    return out

@@ -1,0 +1,356 @@
+"""The boundary: building SparseTensors from user data, and handing them back.
+
+Owns input validation (everything that reaches level storage from outside
+passes through here, so generated code never sees bad indices) and the
+bridges to ``torch.sparse`` layouts and ``scipy.sparse``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+
+from . import convert
+from .errors import ScorchTypeError, ScorchValueError
+from .format import Format, resolve
+from .tensor import SparseTensor
+
+__all__ = ["as_sparse", "sparse_coo", "is_sparse", "to_torch", "to_scipy", "validate_storage"]
+
+_INDEX_DTYPES = (None, torch.int32, torch.int64)
+_TORCH_SPARSE = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
+def is_sparse(x) -> bool:
+    """True for a scorch SparseTensor or a ``torch.sparse`` tensor of any layout."""
+    return isinstance(x, SparseTensor) or (isinstance(x, torch.Tensor) and x.layout in _TORCH_SPARSE)
+
+
+def _is_scipy_sparse(x) -> bool:
+    mod = type(x).__module__ or ""
+    if not mod.startswith("scipy.sparse"):
+        return False
+    import scipy.sparse as sp
+    return sp.issparse(x)
+
+
+def _check_index_dtype(index_dtype):
+    if index_dtype not in _INDEX_DTYPES:
+        raise ScorchTypeError(f"index_dtype must be torch.int32, torch.int64 or None, got {index_dtype!r}")
+
+
+def as_sparse(x, format="csr", *, index_dtype=None) -> SparseTensor:
+    """``x`` as a SparseTensor in ``format``.
+
+    ``x`` may be a dense ``torch.Tensor`` (its nonzeros are stored), a
+    ``torch.sparse`` tensor of any layout, a ``scipy.sparse`` matrix or array,
+    a NumPy array, or a SparseTensor (converted if its format differs).
+    ``format`` is a name (``"csr"``, ``"coo"``, ...) or a :class:`scorch.Format`.
+
+    >>> import torch, scorch
+    >>> A = scorch.as_sparse(torch.eye(3), "csr")
+    >>> (A.nnz, str(A.format))
+    (3, 'csr')
+    """
+    _check_index_dtype(index_dtype)
+    if isinstance(x, SparseTensor):
+        return x.asformat(format, index_dtype=index_dtype)
+    if isinstance(x, np.ndarray):
+        x = torch.from_numpy(np.ascontiguousarray(x))
+    if isinstance(x, torch.Tensor):
+        if x.dim() == 0:
+            raise ScorchValueError("as_sparse: x is 0-d (a scalar); a sparse tensor needs at least 1 dim")
+        fmt = resolve(format, x.dim())
+        if x.layout == torch.strided:
+            _check_blocks(fmt, x.shape)
+            (pos, crd), vals = convert.from_dense(fmt, x.detach(), index_dtype)
+            return SparseTensor(fmt, x.shape, pos, crd, vals)
+        if x.layout in _TORCH_SPARSE:
+            return _from_torch_sparse(x.detach(), fmt, index_dtype)
+        raise ScorchTypeError(f"as_sparse: unsupported tensor layout {x.layout}")
+    if _is_scipy_sparse(x):
+        return _from_scipy(x, format, index_dtype)
+    raise ScorchTypeError(
+        "as_sparse: x must be a torch.Tensor (dense or torch.sparse), a scipy.sparse matrix/array, "
+        f"a numpy array or a SparseTensor, got {type(x).__name__}")
+
+
+def sparse_coo(indices, values, shape=None, format="coo", *, index_dtype=None) -> SparseTensor:
+    """A SparseTensor from COO parts; duplicate coordinates are summed.
+
+    ``indices``: integer ``ndim x nnz``; ``values``: ``nnz`` entries (or a scalar
+    for all); ``shape``: the tensor's shape (default: the largest index + 1 per dim).
+
+    >>> import scorch
+    >>> A = scorch.sparse_coo([[0, 1, 1], [2, 0, 0]], [1., 2., 3.], (2, 3), format="csr")
+    >>> A.to_dense().tolist()
+    [[0.0, 0.0, 1.0], [5.0, 0.0, 0.0]]
+    """
+    _check_index_dtype(index_dtype)
+    idx = _index_tensor(indices, "indices")
+    if idx.dim() != 2:
+        raise ScorchValueError(f"sparse_coo: indices must be 2-d (ndim x nnz), got shape {tuple(idx.shape)}")
+    vals = values if isinstance(values, torch.Tensor) else torch.as_tensor(np.asarray(values))
+    if vals.dim() == 0:
+        vals = vals.expand(idx.shape[1])
+    if vals.dim() != 1:
+        raise ScorchValueError(f"sparse_coo: values must be 1-d (nnz), got shape {tuple(vals.shape)}")
+    if vals.shape[0] != idx.shape[1]:
+        raise ScorchValueError(
+            f"sparse_coo: indices has {idx.shape[1]} columns (nnz) but values has {vals.shape[0]} entries")
+    if shape is None:
+        if idx.shape[1] == 0:
+            raise ScorchValueError("sparse_coo: shape is required when there are no entries")
+        shape = tuple(int(m) + 1 for m in idx.max(1).values)
+    shape = _check_shape(shape)
+    if idx.shape[0] != len(shape):
+        raise ScorchValueError(
+            f"sparse_coo: indices has {idx.shape[0]} rows, expected one per dim of shape {shape} ({len(shape)})")
+    _check_coords(idx, shape, "indices")
+    fmt = resolve(format, len(shape))
+    _check_blocks(fmt, shape)
+    (pos, crd), out = convert.build(fmt, shape, idx.to(torch.int64), vals.detach().contiguous(), index_dtype)
+    return SparseTensor(fmt, shape, pos, crd, out)
+
+
+# ---------------------------------------------------------------- validation
+
+def _index_tensor(x, arg: str) -> torch.Tensor:
+    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        if bool(torch.isnan(t).any()):
+            raise ScorchValueError(f"{arg} contains NaN; indices must be integers")
+        raise ScorchTypeError(f"{arg} must be an integer tensor, got dtype {t.dtype}")
+    if t.dtype == torch.bool:
+        raise ScorchTypeError(f"{arg} must be an integer tensor, got dtype torch.bool")
+    return t
+
+
+def _check_shape(shape) -> tuple:
+    try:
+        shape = tuple(int(s) for s in shape)
+    except TypeError:
+        raise ScorchTypeError(f"shape must be a sequence of ints, got {shape!r}") from None
+    if not shape:
+        raise ScorchValueError("shape is empty (0-d); a sparse tensor needs at least 1 dim")
+    if any(s < 0 for s in shape):
+        raise ScorchValueError(f"shape must not have negative sizes, got {shape}")
+    return shape
+
+
+def _check_coords(idx: torch.Tensor, shape: tuple, arg: str) -> None:
+    if idx.shape[1] == 0:
+        return
+    lo, hi = idx.min(1).values, idx.max(1).values
+    for d, n in enumerate(shape):
+        if int(lo[d]) < 0:
+            raise ScorchValueError(f"{arg}: dim {d} has a negative index {int(lo[d])}")
+        if int(hi[d]) >= n:
+            raise ScorchValueError(
+                f"{arg}: dim {d} has index {int(hi[d])}, out of range for size {n} (shape {shape} too small?)")
+
+
+def _check_blocks(fmt: Format, shape) -> None:
+    if fmt.block and any(s % b for s, b in zip(shape, fmt.block)):
+        raise ScorchValueError(f"format {fmt}: block size {fmt.block} does not divide shape {tuple(shape)}")
+
+
+def validate_storage(fmt: Format, shape, pos, crd, values, *, arg: str = "storage") -> None:
+    """Check level storage from outside scorch; raise ScorchValueError naming the level."""
+    shape = _check_shape(shape)
+    _check_blocks(fmt, shape)
+    sizes = fmt.level_sizes(shape)
+    if len(pos) != len(sizes) or len(crd) != len(sizes):
+        raise ScorchValueError(f"{arg}: expected pos/crd for {len(sizes)} levels")
+    dtypes = {t.dtype for t in (*pos, *crd) if t is not None}
+    if not dtypes <= {torch.int32, torch.int64} or len(dtypes) > 1:
+        raise ScorchTypeError(f"{arg}: index arrays must all be int32 or all int64, got {sorted(map(str, dtypes))}")
+    npos = 1
+    chain_start = None
+    for k, lv in enumerate(fmt.levels):
+        where, n = f"{arg}: level {k} ({lv})", sizes[k]
+        p, c = pos[k], crd[k]
+        if (p is not None) != lv.has_pos or (c is not None) != lv.has_crd:
+            raise ScorchValueError(f"{where}: wrong set of index arrays for this level kind")
+        if c is not None and c.dim() != 1:
+            raise ScorchValueError(f"{where}: crd must be 1-d, got shape {tuple(c.shape)}")
+        if lv.kind == "dense":
+            npos *= n
+            continue
+        if lv.kind == "compressed":
+            p64 = p.to(torch.int64)
+            if p.dim() != 1 or p.numel() != npos + 1:
+                raise ScorchValueError(f"{where}: pos must have {npos + 1} entries, got shape {tuple(p.shape)}")
+            if int(p64[0]) != 0 or int(p64[-1]) != c.numel() or bool((p64[1:] < p64[:-1]).any()):
+                raise ScorchValueError(
+                    f"{where}: pos must start at 0, never decrease and end at len(crd) = {c.numel()}")
+            _check_range(c, 0, n, where)
+            starts = torch.zeros(c.numel(), dtype=torch.bool)
+            starts[p64[:-1][p64[:-1] < c.numel()]] = True
+            if lv.unique:
+                _check_sorted(fmt, crd, k, k, starts, where)
+            else:
+                chain_start = (k, starts)
+            npos = c.numel()
+        elif lv.kind == "singleton":
+            if c.numel() != npos:
+                raise ScorchValueError(f"{where}: crd must have {npos} entries, got {c.numel()}")
+            _check_range(c, 0, n, where)
+            if lv.unique and chain_start is not None:
+                _check_sorted(fmt, crd, chain_start[0], k, chain_start[1], where)
+                chain_start = None
+        else:  # padded
+            if npos and c.numel() % npos:
+                raise ScorchValueError(f"{where}: crd length {c.numel()} is not a multiple of {npos} parents")
+            if not npos and c.numel():
+                raise ScorchValueError(f"{where}: crd must be empty under an empty parent level")
+            _check_range(c, -1, n, where)
+            slots = c.numel() // npos if npos else 0
+            rows = c.view(npos, slots)
+            used = rows >= 0
+            if slots > 1 and (bool((used[:, 1:] & ~used[:, :-1]).any())
+                              or bool((used[:, 1:] & (rows[:, 1:] <= rows[:, :-1])).any())):
+                raise ScorchValueError(f"{where}: each row's used slots must come first, in increasing order")
+            npos = c.numel()
+    if values.dim() != 1 or values.numel() != npos:
+        raise ScorchValueError(f"{arg}: values must be 1-d with {npos} entries, got shape {tuple(values.shape)}")
+
+
+def _check_range(c, lo, hi, where):
+    if c.numel() and (int(c.min()) < lo or int(c.max()) >= hi):
+        raise ScorchValueError(
+            f"{where}: coordinates must lie in [{lo}, {hi}), got [{int(c.min())}, {int(c.max())}]")
+
+
+def _check_sorted(fmt, crd, first, last, starts, where):
+    """Entries of one parent must be strictly increasing in (crd[first], .., crd[last])."""
+    if starts.numel() < 2:
+        return
+    greater = torch.zeros(starts.numel() - 1, dtype=torch.bool)
+    equal = torch.ones_like(greater)
+    for j in range(first, last + 1):
+        c = crd[j]
+        greater |= equal & (c[1:] > c[:-1])
+        equal &= c[1:] == c[:-1]
+    if bool((~starts[1:] & ~greater).any()):
+        raise ScorchValueError(f"{where}: coordinates are not sorted and unique within each parent")
+
+
+# ---------------------------------------------------------------- torch.sparse
+
+def _torch_compressed_parts(x):
+    """(format, pos, crd, values) of a plain 2-d CSR/CSC/BSR/BSC tensor, or None."""
+    if x.dim() != 2 or x.dense_dim() != 0:
+        return None
+    layout = x.layout
+    if layout in (torch.sparse_csr, torch.sparse_bsr):
+        p, c = x.crow_indices(), x.col_indices()
+    else:
+        p, c = x.ccol_indices(), x.row_indices()
+    v = x.values()
+    if layout == torch.sparse_csr:
+        fmt = resolve("csr", 2)
+    elif layout == torch.sparse_csc:
+        fmt = resolve("csc", 2)
+    else:
+        from .format import bsc_format, bsr_format
+        bh, bw = v.shape[1:3]
+        fmt = (bsr_format if layout == torch.sparse_bsr else bsc_format)(int(bh), int(bw))
+    return fmt, p, c, v.reshape(-1)
+
+
+def _from_torch_sparse(x, fmt: Format, index_dtype) -> SparseTensor:
+    parts = _torch_compressed_parts(x) if x.layout != torch.sparse_coo else None
+    if parts is not None:
+        src_fmt, p, c, v = parts
+        n = len(src_fmt.levels)
+        pos = tuple(p if k == 1 else None for k in range(n))
+        crd = tuple(c if k == 1 else None for k in range(n))
+        try:
+            validate_storage(src_fmt, x.shape, pos, crd, v, arg="torch sparse tensor")
+        except ScorchValueError as e:
+            if "not sorted" not in str(e):
+                raise
+        else:  # well-formed: wrap without copying (unless the index width changes), then convert
+            src = SparseTensor(src_fmt, x.shape, *convert.recast(src_fmt, x.shape, pos, crd, index_dtype), v)
+            return src.asformat(fmt, index_dtype=index_dtype)
+        x = x.to_sparse_coo()
+    elif x.layout != torch.sparse_coo:
+        x = x.to_sparse_coo()
+    idx, vals = x._indices(), x._values()
+    if x.dense_dim():  # hybrid COO: expand each dense block into entries
+        dense_shape = vals.shape[1:]
+        inner = torch.stack(torch.meshgrid(*[torch.arange(s) for s in dense_shape], indexing="ij")).reshape(
+            len(dense_shape), -1)
+        m = inner.shape[1]
+        idx = torch.cat([idx.repeat_interleave(m, 1), inner.repeat(1, idx.shape[1])])
+        vals = vals.reshape(-1)
+    _check_coords(idx, tuple(x.shape), "torch sparse tensor indices")
+    _check_blocks(fmt, x.shape)
+    (pos, crd), out = convert.build(fmt, x.shape, idx.to(torch.int64), vals, index_dtype)
+    return SparseTensor(fmt, x.shape, pos, crd, out)
+
+
+def _quietly(make, *args):
+    """Build a torch compressed tensor from storage scorch already validated, without
+    torch's "beta" / "invariant checks disabled" warnings."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse (CSR|CSC|BSR|BSC) tensor support is in beta")
+        return make(*args, check_invariants=False)
+
+
+def to_torch(A: SparseTensor) -> torch.Tensor:
+    fmt, name = A.format, A.format.name or ""
+    if name == "dense":
+        return A.to_dense()
+    v = A.values()
+    if name in ("csr", "csc"):
+        make = torch.sparse_csr_tensor if name == "csr" else torch.sparse_csc_tensor
+        return _quietly(make, A.pos(1), A.crd(1), v, A.shape)
+    if name.startswith(("bsr", "bsc")):
+        make = torch.sparse_bsr_tensor if name.startswith("bsr") else torch.sparse_bsc_tensor
+        return _quietly(make, A.pos(1), A.crd(1), v.view(-1, *fmt.block), A.shape)
+    coords, vals = A.coo()
+    in_order = fmt.order == tuple(range(len(fmt.levels))) and not fmt.block
+    out = torch.sparse_coo_tensor(coords, vals, A.shape, is_coalesced=in_order)
+    return out if in_order else out.coalesce()
+
+
+# ---------------------------------------------------------------- scipy
+
+def _from_scipy(x, format, index_dtype) -> SparseTensor:
+    coo = x.tocoo()
+    coords = getattr(coo, "coords", None) or (coo.row, coo.col)
+    idx = torch.from_numpy(np.stack([np.asarray(c, dtype=np.int64) for c in coords]))
+    data = np.asarray(coo.data)
+    if data.dtype.kind not in "fciub":
+        raise ScorchTypeError(f"as_sparse: scipy matrix has unsupported dtype {data.dtype}")
+    vals = torch.from_numpy(data.copy())
+    shape = tuple(int(s) for s in coo.shape)
+    fmt = resolve(format, len(shape))
+    _check_coords(idx, shape, "scipy matrix indices")
+    _check_blocks(fmt, shape)
+    (pos, crd), out = convert.build(fmt, shape, idx, vals, index_dtype)
+    return SparseTensor(fmt, shape, pos, crd, out)
+
+
+def to_scipy(A: SparseTensor):
+    import scipy.sparse as sp
+    if A.dim() != 2:
+        raise ScorchValueError(f"to_scipy: scipy.sparse holds 2-d matrices, got a {A.dim()}-d tensor")
+    v = A.values().detach()
+    if v.dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds it exactly
+        v = v.float()
+    name = A.format.name or ""
+    if name in ("csr", "csc"):
+        make = sp.csr_array if name == "csr" else sp.csc_array
+        return make((v.numpy(), A.crd(1).numpy(), A.pos(1).numpy()), shape=tuple(A.shape))
+    if name.startswith("bsr"):
+        return sp.bsr_array((v.view(-1, *A.format.block).numpy(), A.crd(1).numpy(), A.pos(1).numpy()),
+                            shape=tuple(A.shape))
+    coords, vals = A.coo()
+    if vals.dtype == torch.bfloat16:
+        vals = vals.float()
+    return sp.coo_array((vals.detach().numpy(), (coords[0].numpy(), coords[1].numpy())), shape=tuple(A.shape))

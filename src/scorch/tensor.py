@@ -1,0 +1,311 @@
+"""SparseTensor: a ``torch.Tensor`` wrapper subclass over level storage.
+
+It owns the storage (per-level ``pos`` / ``crd`` index tensors and one flat
+values tensor, all plain torch tensors), the tensor-level methods (metadata,
+conversions, dtype moves, transposes as mode-order changes) and the hooks
+that route torch calls to scorch: ``__torch_function__`` consults one
+dispatch table (:mod:`scorch._dispatch`); whatever reaches
+``__torch_dispatch__`` unhandled runs densely there.
+
+The wrapper itself has no data: ``isinstance(A, torch.Tensor)`` holds, and its
+shape, dtype, device and ``requires_grad`` are those of the sparse tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import convert
+from .errors import ScorchTypeError, ScorchValueError
+from .format import Format, resolve
+
+__all__ = ["SparseTensor"]
+
+_VERSION = 1  # of the pickled form
+
+
+class SparseTensor(torch.Tensor):
+    """A sparse tensor in any level format.  Build one with :func:`scorch.as_sparse`
+    or :func:`scorch.sparse_coo`.
+
+    ``values()`` is the stored values array, one entry per position of the
+    innermost level: for BSR that includes the zeros inside stored blocks, for
+    ELL the zeros of unused slots.  ``nnz`` counts stored entries, not padding.
+    """
+
+    _format: Format
+    _pos: tuple
+    _crd: tuple
+    _values: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, fmt: Format, shape, pos, crd, values, *, requires_grad: bool = False, nnz=None):
+        shape = torch.Size(shape)
+        self = torch.Tensor._make_wrapper_subclass(
+            cls, shape, dtype=values.dtype, device=values.device, requires_grad=requires_grad)
+        self._format = fmt
+        self._set_storage(tuple(pos), tuple(crd), values, nnz)
+        return self
+
+    def _set_storage(self, pos, crd, values, nnz=None):
+        self._pos, self._crd, self._values = pos, crd, values
+        self._nnz = self._count_nnz() if nnz is None else nnz
+
+    def _count_nnz(self) -> int:
+        # Only a padded level stores unused slots; each hides all positions below it.
+        below = 1
+        sizes = self._format.level_sizes(self.shape)
+        for k in reversed(range(len(sizes))):
+            if self._format.levels[k].kind == "padded":
+                return self._values.numel() - int((self._crd[k] < 0).sum()) * below
+            below *= sizes[k]
+        return self._values.numel()
+
+    def _like(self, fmt=None, shape=None, pos=None, crd=None, values=None, nnz=None) -> "SparseTensor":
+        """A new SparseTensor sharing whatever is not replaced (pass ``nnz`` when the
+        pattern is unchanged, to skip recounting)."""
+        return SparseTensor(
+            self._format if fmt is None else fmt, self.shape if shape is None else shape,
+            self._pos if pos is None else pos, self._crd if crd is None else crd,
+            self._values if values is None else values, nnz=nnz)
+
+    # ------------------------------------------------------------ metadata
+    @property
+    def format(self) -> Format:
+        return self._format
+
+    @property
+    def nnz(self) -> int:
+        return self._nnz
+
+    @property
+    def density(self) -> float:
+        n = self.numel()
+        return self._nnz / n if n else 0.0
+
+    @property
+    def index_dtype(self) -> torch.dtype:
+        for t in self._crd:
+            if t is not None:
+                return t.dtype
+        return torch.int32  # all-dense storage: no index arrays
+
+    def values(self) -> torch.Tensor:
+        """The stored values (1-d, shares memory with the tensor)."""
+        return self._values
+
+    def pos(self, level: int) -> torch.Tensor | None:
+        """``pos`` array of a compressed level (None for other kinds)."""
+        return self._pos[self._check_level(level)]
+
+    def crd(self, level: int) -> torch.Tensor | None:
+        """Coordinates of a compressed, singleton or padded level (None for dense)."""
+        return self._crd[self._check_level(level)]
+
+    def _check_level(self, level: int) -> int:
+        n = len(self._format.levels)
+        if not isinstance(level, int) or not -n <= level < n:
+            raise ScorchValueError(f"level must be an int in [{-n}, {n}), got {level!r}")
+        return level % n
+
+    # ------------------------------------------------------------ conversions
+    def to_dense(self, dtype=None, *, masked_grad=None) -> torch.Tensor:
+        out = convert.to_dense(self._format, self.shape, self._pos, self._crd, self._values)
+        return out if dtype is None else out.to(dtype)
+
+    def coo(self):
+        """``(indices, values)``: the ``ndim x nnz`` int64 coordinates of the stored
+        entries (in the format's level order) and their values."""
+        return convert.coords_of(self._format, self.shape, self._pos, self._crd, self._values)
+
+    def asformat(self, format, *, index_dtype=None) -> "SparseTensor":
+        """This tensor in another format (``self`` if nothing changes).
+
+        ``index_dtype=None`` keeps the current index width when it can hold the result."""
+        fmt = resolve(format, self.dim())
+        want = index_dtype if index_dtype is not None else self.index_dtype
+        if fmt == self._format:
+            if want == self.index_dtype:
+                return self
+            pos, crd = convert.recast(fmt, self.shape, self._pos, self._crd, want)
+            return self._like(pos=pos, crd=crd, nnz=self._nnz)
+        if convert.is_all_dense(self._format):  # its zeros are not entries: store only nonzeros
+            return SparseTensor(fmt, self.shape, *_from_dense_with_width(fmt, self.to_dense(), index_dtype))
+        coords, vals = self.coo()
+        try:
+            (pos, crd), values = convert.build(fmt, self.shape, coords, vals, want)
+        except ScorchValueError:
+            if index_dtype is not None:
+                raise
+            (pos, crd), values = convert.build(fmt, self.shape, coords, vals, None)
+        return SparseTensor(fmt, self.shape, pos, crd, values)
+
+    def to_torch(self) -> torch.Tensor:
+        """The matching ``torch.sparse`` tensor: CSR, CSC, BSR or BSC where the format
+        is one of those, a strided tensor for the dense format, else coalesced COO."""
+        from .interop import to_torch
+        return to_torch(self)
+
+    def to_scipy(self):
+        """A ``scipy.sparse`` array (csr/csc/bsr where the format matches, else coo); 2-d only."""
+        from .interop import to_scipy
+        return to_scipy(self)
+
+    # ------------------------------------------------------------ dtype / copies
+    def to(self, *args, **kwargs) -> "SparseTensor":
+        device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
+        copy = kwargs.get("copy", False)
+        values = self._values
+        if dtype is not None or device is not None:
+            values = values.to(device=device, dtype=dtype, non_blocking=non_blocking, copy=copy)
+        pos, crd = self._pos, self._crd
+        if device is not None and torch.device(device) != self.device:
+            pos = tuple(None if t is None else t.to(device) for t in pos)
+            crd = tuple(None if t is None else t.to(device) for t in crd)
+        if values is self._values and pos is self._pos and not copy:
+            return self
+        return self._like(pos=pos, crd=crd, values=values, nnz=self._nnz)
+
+    def double(self, memory_format=None):
+        return self.to(torch.float64)
+
+    def float(self, memory_format=None):
+        return self.to(torch.float32)
+
+    def half(self, memory_format=None):
+        return self.to(torch.float16)
+
+    def bfloat16(self, memory_format=None):
+        return self.to(torch.bfloat16)
+
+    def clone(self, *, memory_format=None) -> "SparseTensor":
+        clone = lambda t: None if t is None else t.clone()  # noqa: E731
+        return self._like(pos=tuple(map(clone, self._pos)), crd=tuple(map(clone, self._crd)),
+                          values=self._values.clone(), nnz=self._nnz)
+
+    def detach(self) -> "SparseTensor":
+        return self._like(values=self._values.detach(), nnz=self._nnz)
+
+    def copy_(self, src, non_blocking: bool = False) -> "SparseTensor":
+        """Take ``src``'s entries (its pattern too), in this tensor's format and dtype."""
+        from .interop import as_sparse
+        if tuple(src.shape) != tuple(self.shape):
+            raise ScorchValueError(f"copy_: src has shape {tuple(src.shape)}, expected {tuple(self.shape)}")
+        s = as_sparse(src, self._format, index_dtype=self.index_dtype)
+        self._set_storage(s._pos, s._crd, s._values.to(self.dtype), s._nnz)
+        return self
+
+    # ------------------------------------------------------------ shape: mode-order changes, no copy
+    def permute(self, *dims) -> "SparseTensor":
+        if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+            dims = tuple(dims[0])
+        n = self.dim()
+        perm = tuple(_wrap_dim(d, n, "permute") for d in dims)
+        if sorted(perm) != list(range(n)):
+            raise ScorchValueError(f"permute: dims must be a permutation of 0..{n - 1}, got {tuple(dims)}")
+        shape = tuple(self.shape[p] for p in perm)
+        return self._like(fmt=self._format.permuted(perm), shape=shape, nnz=self._nnz)
+
+    def transpose(self, dim0: int, dim1: int) -> "SparseTensor":
+        n = self.dim()
+        perm = list(range(n))
+        a, b = _wrap_dim(dim0, n, "transpose"), _wrap_dim(dim1, n, "transpose")
+        perm[a], perm[b] = perm[b], perm[a]
+        return self.permute(perm)
+
+    def t(self) -> "SparseTensor":
+        if self.dim() > 2:
+            raise ScorchValueError(f"t() expects a tensor with <= 2 dims, got {self.dim()}-d; use transpose()")
+        return self if self.dim() < 2 else self.transpose(0, 1)
+
+    @property
+    def T(self) -> "SparseTensor":
+        return self.permute(tuple(reversed(range(self.dim()))))
+
+    @property
+    def mT(self) -> "SparseTensor":
+        return self.transpose(-2, -1)
+
+    # ------------------------------------------------------------ printing, pickling, copying
+    def __repr__(self, *, tensor_contents=None) -> str:
+        shape = tuple(self.shape)
+        extra = ", requires_grad=True" if self.requires_grad else ""
+        vals = repr(self._values.detach()).replace("\n", "\n" + " " * 7)
+        return (f"SparseTensor(shape={shape}, format={self._format}, nnz={self._nnz}, "
+                f"density={self.density:.4g}, dtype={self.dtype}, index_dtype={self.index_dtype}{extra},\n"
+                f"       values={vals})")
+
+    def __reduce_ex__(self, proto):
+        return (_rebuild_sparse, (_VERSION, self._format.to_spec(), tuple(self.shape),
+                                  self._pos, self._crd, self._values, self.requires_grad))
+
+    def __deepcopy__(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        import copy
+        out = SparseTensor(self._format, self.shape, copy.deepcopy(self._pos, memo),
+                           copy.deepcopy(self._crd, memo), copy.deepcopy(self._values, memo),
+                           requires_grad=self.requires_grad, nnz=self._nnz)
+        memo[id(self)] = out
+        return out
+
+    # for torch.compile-style tracing: the inner tensors and a plain-data context
+    def __tensor_flatten__(self):
+        names = ["_values"]
+        for k in range(len(self._format.levels)):
+            if self._pos[k] is not None:
+                names.append(f"_pos_{k}")
+            if self._crd[k] is not None:
+                names.append(f"_crd_{k}")
+        return names, (self._format.to_spec(), tuple(self.shape), self._nnz)
+
+    def __getattr__(self, name):  # only reached for attributes not found normally
+        if name.startswith(("_pos_", "_crd_")):
+            k = int(name[5:])
+            return (self._pos if name.startswith("_pos_") else self._crd)[k]
+        raise AttributeError(f"'SparseTensor' object has no attribute {name!r}")
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        spec, shape, nnz = ctx
+        fmt = Format.from_spec(spec)
+        n = len(fmt.levels)
+        pos = tuple(inner.get(f"_pos_{k}") for k in range(n))
+        crd = tuple(inner.get(f"_crd_{k}") for k in range(n))
+        return SparseTensor(fmt, shape, pos, crd, inner["_values"], nnz=nnz)
+
+    # ------------------------------------------------------------ torch hooks
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        from ._dispatch import torch_function
+        return torch_function(func, types, args, kwargs or {})
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from ._dispatch import torch_dispatch
+        return torch_dispatch(func, types, args, kwargs or {})
+
+
+def _wrap_dim(d, n: int, op: str) -> int:
+    if isinstance(d, bool) or not isinstance(d, int):
+        raise ScorchTypeError(f"{op}: dim must be an int, got {type(d).__name__}")
+    if not -n <= d < n:
+        raise ScorchValueError(f"{op}: dim {d} out of range for a {n}-d tensor (expected [{-n}, {n - 1}])")
+    return d % n
+
+
+def _from_dense_with_width(fmt, x, index_dtype):
+    (pos, crd), values = convert.from_dense(fmt, x, index_dtype)
+    return pos, crd, values
+
+
+def _rebuild_sparse(version, spec, shape, pos, crd, values, requires_grad):
+    if version != _VERSION:
+        raise ScorchValueError(f"cannot load a SparseTensor saved in format version {version}")
+    from .interop import validate_storage
+    fmt = Format.from_spec(spec)
+    validate_storage(fmt, shape, pos, crd, values, arg="loaded tensor")
+    return SparseTensor(fmt, shape, pos, crd, values, requires_grad=requires_grad)
+
+
+torch.serialization.add_safe_globals([_rebuild_sparse])

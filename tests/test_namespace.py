@@ -1,0 +1,68 @@
+"""`import scorch as torch`: every torch name still works; scorch's own names win."""
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import scorch
+
+
+@pytest.mark.parametrize("name", ["float32", "int64", "Tensor", "randn", "zeros", "einsum", "matmul", "nn", "optim",
+                                  "sparse", "autograd", "no_grad", "Size", "manual_seed", "cat", "linalg"])
+def test_torch_names_pass_through(name):
+    assert getattr(scorch, name) is getattr(torch, name) or name == "nn"
+
+
+def test_scorch_overrides_win():
+    assert scorch.nn is not torch.nn and scorch.nn.Linear is torch.nn.Linear
+    assert scorch.as_sparse.__module__.startswith("scorch")
+    assert "as_sparse" in dir(scorch) and "randn" in dir(scorch)
+
+
+def test_unknown_name_raises_attribute_error():
+    with pytest.raises(AttributeError, match="module 'scorch' \\(and torch\\) has no attribute 'nope'"):
+        scorch.nope
+
+
+def test_functional_namespace():
+    import scorch.nn.functional as F
+    import torch.nn.functional as tF
+    assert F.relu is tF.relu and F.one_hot is tF.one_hot
+    assert "relu" in dir(F)
+    with pytest.raises(AttributeError):
+        F.not_a_function
+
+
+def test_torch_submodules_import_through_scorch():
+    optim = importlib.import_module("scorch.optim")
+    assert optim.SGD is torch.optim.SGD
+    data = importlib.import_module("scorch.utils.data")
+    assert data.DataLoader is torch.utils.data.DataLoader
+    init = importlib.import_module("scorch.nn.init")
+    assert init.xavier_uniform_ is torch.nn.init.xavier_uniform_
+    assert torch.optim.__spec__.name == "torch.optim"  # torch's own modules stay untouched
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("scorch.definitely_not_a_module")
+
+
+def test_drop_in_program_runs():
+    # A plain torch program with the import swapped, as a user would write it.
+    code = """
+import scorch as torch
+import scorch.nn.functional as F
+from scorch import nn
+m = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+x = torch.randn(5, 4)
+loss = F.mse_loss(m(x), torch.zeros(5, 3))
+loss.backward(); opt.step()
+A = torch.as_sparse(torch.eye(4), format="csr")
+assert isinstance(A, torch.Tensor) and A.nnz == 4
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

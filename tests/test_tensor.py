@@ -1,0 +1,275 @@
+"""SparseTensor: the API of the core issue, bad input, persistence, nn.Module integration."""
+
+import copy
+import io
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import scorch
+from scorch import SparseTensor
+
+
+@pytest.fixture
+def x():
+    g = torch.Generator().manual_seed(0)
+    d = torch.randn(6, 8, generator=g)
+    return d * (torch.rand(6, 8, generator=g) < 0.4)
+
+
+def test_is_a_tensor_with_torch_metadata(x):
+    A = scorch.as_sparse(x, "csr")
+    assert isinstance(A, torch.Tensor) and isinstance(A, SparseTensor)
+    assert A.shape == x.shape and A.size() == x.size() and A.dim() == 2 and A.numel() == x.numel()
+    assert A.dtype == x.dtype and A.device == x.device and len(A) == len(x)
+    assert A.nnz == int((x != 0).sum())
+    assert A.density == pytest.approx(A.nnz / x.numel())
+    assert scorch.is_sparse(A) and scorch.is_sparse(x.to_sparse_csr()) and not scorch.is_sparse(x)
+
+
+def test_storage_is_int32_by_default_and_int64_on_request(x):
+    A = scorch.as_sparse(x, "csr")
+    assert A.index_dtype == torch.int32 and A.pos(1).dtype == torch.int32 and A.crd(1).dtype == torch.int32
+    assert A.pos(0) is None and A.crd(0) is None
+    B = scorch.as_sparse(x, "csr", index_dtype=torch.int64)
+    assert B.index_dtype == torch.int64 and torch.equal(B.to_dense(), x)
+    assert A.asformat("coo").index_dtype == torch.int32
+    assert B.asformat("coo").index_dtype == torch.int64
+    assert B.asformat("csr", index_dtype=torch.int32).index_dtype == torch.int32
+
+
+def test_csr_storage_matches_torch(x):
+    A = scorch.as_sparse(x, "csr")
+    t = x.to_sparse_csr()
+    assert torch.equal(A.pos(1).long(), t.crow_indices())
+    assert torch.equal(A.crd(1).long(), t.col_indices())
+    assert torch.equal(A.values(), t.values())
+
+
+def test_repr_is_readable(x):
+    r = repr(scorch.as_sparse(x, "csc"))
+    assert r.startswith("SparseTensor(shape=(6, 8), format=csc, nnz=")
+    assert "dtype=torch.float32" in r and "values=tensor(" in r
+
+
+def test_dtype_moves(x):
+    A = scorch.as_sparse(x, "coo")
+    for B, dt in [(A.double(), torch.float64), (A.to(torch.float64), torch.float64), (A.float(), torch.float32),
+                  (A.half(), torch.float16), (A.bfloat16(), torch.bfloat16), (A.to(dtype=torch.float64), torch.float64)]:
+        assert isinstance(B, SparseTensor) and B.dtype == dt and B.values().dtype == dt
+        assert torch.equal(B.to_dense(), x.to(dt))
+    assert A.to(torch.float32) is A
+
+
+def test_clone_is_independent(x):
+    A = scorch.as_sparse(x, "csr")
+    B = A.clone()
+    B.values().mul_(2)
+    assert torch.equal(A.to_dense(), x) and torch.equal(B.to_dense(), 2 * x)
+    C = torch.clone(A)
+    assert isinstance(C, SparseTensor) and torch.equal(C.to_dense(), x)
+
+
+def test_transpose_shares_storage(x):
+    A = scorch.as_sparse(x, "csr")
+    T = A.t()
+    assert T.format == scorch.formats.csc and T.shape == (8, 6)
+    assert T.values().data_ptr() == A.values().data_ptr()
+    assert torch.equal(T.to_dense(), x.t())
+    assert torch.equal(torch.transpose(A, 0, 1).to_dense(), x.t())
+    assert torch.equal(A.T.to_dense(), x.T) and torch.equal(A.mT.to_dense(), x.mT)
+    x3 = torch.arange(24.).reshape(2, 3, 4) * (torch.arange(24).reshape(2, 3, 4) % 3 == 0)
+    B = scorch.as_sparse(x3, "csf")
+    assert torch.equal(B.permute(2, 0, 1).to_dense(), x3.permute(2, 0, 1))
+    assert torch.equal(torch.permute(B, (1, 2, 0)).to_dense(), x3.permute(1, 2, 0))
+    with pytest.raises(ValueError, match="t\\(\\) expects"):
+        B.t()
+    with pytest.raises(ValueError, match="permutation"):
+        B.permute(0, 0, 1)
+    with pytest.raises(ValueError, match="out of range"):
+        A.transpose(0, 2)
+
+
+def test_ell_pads_and_counts_real_entries():
+    x = torch.tensor([[1., 0, 2, 0], [0, 0, 0, 0], [3, 4, 5, 0]])
+    A = scorch.as_sparse(x, "ell")
+    assert A.crd(1).numel() == 3 * 3  # 3 rows x max 3 entries per row
+    assert A.nnz == 5 and (A.crd(1) < 0).sum() == 4
+    assert torch.equal(A.to_dense(), x)
+
+
+def test_bsr_stores_whole_blocks():
+    x = torch.zeros(4, 6)
+    x[0, 1] = 1.
+    x[3, 5] = 2.
+    A = scorch.as_sparse(x, scorch.formats.bsr(2, 3))
+    assert A.nnz == 12 and A.values().numel() == 12  # two 2x3 blocks
+    assert torch.equal(A.to_dense(), x)
+    t = A.to_torch()
+    assert t.layout == torch.sparse_bsr and torch.equal(t.to_dense(), x)
+
+
+# ------------------------------------------------------------------ bad input
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda: scorch.sparse_coo([[0, 3]], [1., 2.], (3,)), ValueError, "dim 0 has index 3, out of range for size 3"),
+    (lambda: scorch.sparse_coo([[0, -1]], [1., 2.], (3,)), ValueError, "negative index -1"),
+    (lambda: scorch.sparse_coo([[0, 1]], [1., 2.], (3, 3)), ValueError, "indices has 1 rows, expected one per dim"),
+    (lambda: scorch.sparse_coo([[0, 1], [0, 1]], [1.], (3, 3)), ValueError, "2 columns .* values has 1 entries"),
+    (lambda: scorch.sparse_coo([[0., 1.]], [1., 2.], (3,)), TypeError, "integer tensor, got dtype torch.float"),
+    (lambda: scorch.sparse_coo([[0., float("nan")]], [1., 2.], (3,)), ValueError, "NaN"),
+    (lambda: scorch.sparse_coo([0, 1], [1., 2.], (3,)), ValueError, "must be 2-d"),
+    (lambda: scorch.sparse_coo([[0, 1]], [[1., 2.]], (3,)), ValueError, "values must be 1-d"),
+    (lambda: scorch.sparse_coo(torch.zeros(1, 0, dtype=torch.long), [], None), ValueError, "shape is required"),
+    (lambda: scorch.sparse_coo([[0]], [1.], (-1,)), ValueError, "negative sizes"),
+    (lambda: scorch.sparse_coo([[0]], [1.], ()), ValueError, "0-d"),
+    (lambda: scorch.as_sparse(torch.tensor(1.)), ValueError, "0-d"),
+    (lambda: scorch.as_sparse(torch.ones(2, 2), "blah"), ValueError, "unknown format name 'blah'"),
+    (lambda: scorch.as_sparse(torch.ones(3, 4), scorch.formats.bsr(2, 2)), ValueError, "does not divide shape"),
+    (lambda: scorch.as_sparse([1, 2]), TypeError, "got list"),
+    (lambda: scorch.as_sparse(torch.ones(2), index_dtype=torch.float32), TypeError, "index_dtype"),
+    (lambda: scorch.as_sparse(torch.ones(2, 2), 7), TypeError, "format must be"),
+    (lambda: scorch.as_sparse(torch.ones(2), "csc"), ValueError, "at least 2 dims"),
+])
+def test_bad_input_is_rejected_clearly(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_malformed_torch_csr_is_rejected():
+    bad = torch.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([0, 5]), torch.tensor([1., 2.]),
+                                  (2, 3), check_invariants=False)
+    with pytest.raises(ValueError, match=r"coordinates must lie in \[0, 3\)"):
+        scorch.as_sparse(bad)
+    bad_pos = torch.sparse_csr_tensor(torch.tensor([0, 2, 1]), torch.tensor([0, 1]), torch.tensor([1., 2.]),
+                                      (2, 3), check_invariants=False)
+    with pytest.raises(ValueError, match="pos must start at 0, never decrease"):
+        scorch.as_sparse(bad_pos)
+
+
+def test_unsorted_torch_csr_is_sorted_and_summed():
+    t = torch.sparse_csr_tensor(torch.tensor([0, 3, 3]), torch.tensor([2, 0, 2]), torch.tensor([1., 2., 4.]),
+                                (2, 3), check_invariants=False)
+    A = scorch.as_sparse(t, "csr")
+    assert torch.equal(A.to_dense(), torch.tensor([[2., 0, 5.], [0, 0, 0]]))
+    assert A.crd(1).tolist() == [0, 2]
+
+
+def test_int32_cannot_hold_huge_tensor():
+    with pytest.raises(ValueError, match="int32 cannot hold"):
+        scorch.sparse_coo([[0], [0]], [1.], (2**31, 2), index_dtype=torch.int32)
+    A = scorch.sparse_coo([[2**31 + 5], [1]], [1.], (2**32, 2), format="csc")
+    assert A.index_dtype == torch.int64 and A.coo()[0].tolist() == [[2**31 + 5], [1]]
+
+
+def test_empty_and_degenerate_shapes():
+    for shape in [(0,), (0, 3), (3, 0), (1, 1), (2, 0, 4)]:
+        for fmt in ["dense", "coo", "csr", "csf", "ell"]:
+            A = scorch.as_sparse(torch.zeros(shape), fmt)
+            assert A.nnz == (A.numel() if fmt == "dense" else 0) and A.shape == shape
+            assert torch.equal(A.to_dense(), torch.zeros(shape))
+    one = scorch.as_sparse(torch.tensor([[5.]]), "dcsr")
+    assert one.nnz == 1 and one.to_dense().item() == 5.
+
+
+def test_sparse_coo_sums_duplicates_and_accepts_numpy():
+    A = scorch.sparse_coo(np.array([[1, 0, 1], [2, 2, 2]]), np.array([1., 2., 3.]), format="csr")
+    assert A.shape == (2, 3)
+    assert torch.equal(A.to_dense(), torch.tensor([[0., 0, 2], [0, 0, 4]]))
+    assert A.nnz == 2
+
+
+# ------------------------------------------------------------------ persistence and nn.Module
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "ell", scorch.formats.bsr(2, 2), "dense"])
+def test_torch_save_load_round_trip(x, fmt):
+    A = scorch.as_sparse(x, fmt)
+    buf = io.BytesIO()
+    torch.save({"A": A, "n": 3}, buf)
+    buf.seek(0)
+    B = torch.load(buf)  # weights_only=True, the default
+    assert isinstance(B["A"], SparseTensor) and B["A"].format == A.format
+    assert torch.equal(B["A"].to_dense(), x) and B["A"].index_dtype == A.index_dtype
+
+
+def test_load_rejects_corrupted_storage(x):
+    A = scorch.as_sparse(x, "csr")
+    A.crd(1)[0] = 99  # corrupt after construction
+    buf = io.BytesIO()
+    torch.save(A, buf)
+    buf.seek(0)
+    with pytest.raises(ValueError, match="coordinates must lie"):
+        torch.load(buf)
+
+
+def test_parameter_state_dict_round_trip(x):
+    m = torch.nn.Module()
+    m.w = torch.nn.Parameter(scorch.as_sparse(x, "csr"))
+    assert isinstance(m.w, torch.nn.Parameter) and isinstance(m.w, SparseTensor) and m.w.requires_grad
+    sd = m.state_dict()
+    assert isinstance(sd["w"], SparseTensor) and not sd["w"].requires_grad
+    m2 = torch.nn.Module()
+    m2.w = torch.nn.Parameter(scorch.as_sparse(torch.zeros(6, 8), "csr"))
+    m2.load_state_dict(sd)
+    assert torch.equal(m2.w.to_dense(), x) and m2.w.format == scorch.formats.csr
+    buf = io.BytesIO()
+    torch.save(m.state_dict(), buf)
+    buf.seek(0)
+    m2.load_state_dict(torch.load(buf))
+    assert torch.equal(m2.w.to_dense(), x)
+
+
+def test_deepcopy(x):
+    m = torch.nn.Module()
+    m.w = torch.nn.Parameter(scorch.as_sparse(x, "coo"))
+    m3 = copy.deepcopy(m)
+    assert isinstance(m3.w, SparseTensor) and m3.w.requires_grad
+    m3.w.values().detach().zero_()
+    assert torch.equal(m.w.to_dense(), x)
+
+
+def test_copy_into_sparse_takes_the_new_pattern(x):
+    A = scorch.as_sparse(torch.zeros(6, 8), "csr")
+    A.copy_(x)
+    assert torch.equal(A.to_dense(), x) and A.nnz == int((x != 0).sum())
+    with pytest.raises(ValueError, match="copy_: src has shape"):
+        A.copy_(torch.zeros(2, 2))
+
+
+def test_tensor_flatten_round_trip(x):
+    A = scorch.as_sparse(x, "coo")
+    names, ctx = A.__tensor_flatten__()
+    B = SparseTensor.__tensor_unflatten__({n: getattr(A, n) for n in names}, ctx, A.shape, None)
+    assert torch.equal(B.to_dense(), x) and B.format == A.format
+
+
+# ------------------------------------------------------------------ dense fallback
+
+def test_dense_fallback_warns_once_and_is_right(x, monkeypatch):
+    from scorch import _dispatch
+    monkeypatch.setattr(_dispatch, "_warned", set())
+    A = scorch.as_sparse(x, "csr")
+    with pytest.warns(UserWarning, match="exp has no sparse implementation"):
+        out = torch.exp(A)
+    assert torch.equal(out, torch.exp(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.exp(A)  # second time: silent
+
+
+def test_dense_fallback_can_raise(x, monkeypatch):
+    monkeypatch.setattr(scorch.config, "dense_fallback", "raise")
+    with pytest.raises(NotImplementedError, match="dense_fallback = 'raise'"):
+        torch.exp(scorch.as_sparse(x, "csr"))
+    monkeypatch.setattr(scorch.config, "dense_fallback", "bogus")
+    with pytest.raises(ValueError, match="dense_fallback must be one of"):
+        torch.exp(scorch.as_sparse(x, "csr"))
+
+
+def test_in_place_fallback_refuses_instead_of_losing_the_write(x):
+    A = scorch.as_sparse(x, "csr")
+    with pytest.raises(NotImplementedError, match="in place"):
+        A.add_(1)
+    assert torch.equal(A.to_dense(), x)
