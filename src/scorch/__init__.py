@@ -17,6 +17,7 @@ from .errors import InternalError, NotSupportedError, ScorchError, ScorchTypeErr
 from .format import Format, Level, compressed, dense, padded, singleton
 from .interop import as_sparse, is_sparse, sparse_coo
 from .tensor import SparseTensor
+from .compiler import einsum, explain
 from . import _dispatch  # noqa: F401  (registers the dispatch table)
 from . import nn  # noqa: E402
 
@@ -24,7 +25,7 @@ _alias.install()
 
 __all__ = [
     "SparseTensor", "Format", "Level", "dense", "compressed", "singleton", "padded", "formats",
-    "as_sparse", "sparse_coo", "is_sparse", "config", "nn",
+    "as_sparse", "sparse_coo", "is_sparse", "einsum", "explain", "config", "nn",
     "ScorchError", "ScorchValueError", "ScorchTypeError", "NotSupportedError", "InternalError",
     "__version__",
 ]

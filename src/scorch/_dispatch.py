@@ -104,6 +104,12 @@ implements(torch.Tensor.to_dense)(SparseTensor.to_dense)
 implements(torch.Tensor.values)(SparseTensor.values)
 
 
+@implements(torch.einsum)
+def _einsum(equation, *operands):
+    from .compiler import einsum
+    return einsum(equation, *operands)
+
+
 # aten ops that torch itself issues on our wrapper (autograd, nn.Module, copy)
 @implements_aten(torch.ops.aten.detach.default, torch.ops.aten.alias.default)
 def _aten_detach(x):

@@ -1,0 +1,241 @@
+"""Turn generated C99 + OpenMP source text into a loaded shared library, with caching.
+
+This module owns the compiler command line, the OpenMP runtime the kernels link
+against, and the two-level cache.  It knows nothing about what the source does.
+
+Public API: ``compile_library(source, *, tag="kernel") -> ctypes.CDLL``,
+``have_compiler() -> bool``, ``num_threads() -> int``, ``cache_dir() -> Path``,
+``openmp_runtime() -> str | None``, ``clear_cache() -> None``.
+
+Environment (read at call time): ``SCORCH_CC`` (default ``cc``); ``SCORCH_CFLAGS``
+(appended to the flags); ``SCORCH_CFLAGS_OVERRIDE`` (replaces ``DEFAULT_FLAGS``);
+``SCORCH_CACHE_DIR`` (else ``$XDG_CACHE_HOME/scorch`` or ``~/.cache/scorch``);
+``SCORCH_NO_CACHE=1`` (no disk cache: build in a private per-process temp dir).
+
+OpenMP: the process must hold ONE OpenMP runtime, the one torch loaded.  On Linux
+the kernel is linked against that exact file (found in ``/proc/self/maps`` or
+``torch/lib``) with ``-Wl,--as-needed`` before it, so the ``-lgomp`` the driver
+adds for ``-fopenmp`` is dropped (all GOMP_* symbols are already resolved) and the
+library's only NEEDED entry is torch's runtime, found via its RUNPATH.
+
+Thread contract: kernels take the thread count as an ``int`` argument and use it in
+``num_threads(n)`` clauses; callers pass ``num_threads()`` (= ``torch.get_num_threads()``),
+so kernels follow ``torch.set_num_threads``.
+
+Cache: in-process dict key -> CDLL (a repeat call is a hash + dict lookup); on disk
+``{tag}-{key[:20]}.so`` plus the ``.c`` beside it.  The key hashes ``CACHE_VERSION``,
+the compiler's path and ``--version`` line, the full command line and the source.
+Files are written to a temp name in the same directory and ``os.replace``d, so
+concurrent processes never see a partial file; a corrupt cached ``.so`` is rebuilt.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+from scorch.errors import InternalError, NotSupportedError
+
+CACHE_VERSION = 1
+DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c99")
+_OMP_NAME = re.compile(r"^lib(gomp|iomp\d*|omp)\b[\w.-]*\.(so|dylib)")
+
+_memory: dict[str, ctypes.CDLL] = {}
+_compilers: dict[str, str | None] = {}  # SCORCH_CC value -> identity line, None if unusable
+_runtime: list[str | None] = []  # memo: [path of torch's OpenMP runtime or None]
+_private_dir: list[Path] = []
+_warned: set[str] = set()
+_lock = threading.Lock()
+
+
+def num_threads() -> int:
+    """Thread count to pass to kernels: follows ``torch.set_num_threads``."""
+    return torch.get_num_threads()
+
+
+def clear_cache() -> None:
+    """Forget the in-process cache (loaded libraries stay mapped; the disk cache stays)."""
+    _memory.clear()
+
+
+def cache_dir() -> Path:
+    """The configured on-disk cache directory (may not exist yet)."""
+    if os.environ.get("SCORCH_CACHE_DIR"):
+        return Path(os.environ["SCORCH_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scorch"
+
+
+def _compiler_identity() -> str | None:
+    cc = os.environ.get("SCORCH_CC") or "cc"
+    if cc not in _compilers:
+        exe, line = shutil.which(cc), None
+        try:
+            out = subprocess.run([exe or cc, "--version"], capture_output=True, text=True, timeout=60)
+            if out.returncode == 0:
+                line = (out.stdout or out.stderr).strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError, IndexError):
+            pass
+        _compilers[cc] = f"{exe}|{line}" if exe and line else None
+    return _compilers[cc]
+
+
+def have_compiler() -> bool:
+    """Whether ``$SCORCH_CC`` runs; checked once per process per ``SCORCH_CC`` value."""
+    return _compiler_identity() is not None
+
+
+def openmp_runtime() -> str | None:
+    """Path of the OpenMP runtime torch loaded, or None if there is none to share."""
+    if not _runtime:
+        found = None
+        if sys.platform.startswith("linux"):
+            torch_lib = Path(torch.__file__).parent / "lib"
+            try:
+                with open("/proc/self/maps") as f:
+                    mapped = {line.split()[-1] for line in f if "/" in line}
+            except OSError:
+                mapped = set()
+            mapped |= {str(p) for p in torch_lib.glob("lib*omp*.so*")}
+            hits = sorted((not p.startswith(str(torch_lib)), p) for p in mapped
+                          if _OMP_NAME.match(os.path.basename(p)) and os.path.isfile(p))
+            found = hits[0][1] if hits else None
+        # None (torch built without OpenMP, or not Linux, where --as-needed and RUNPATH
+        # differ): plain -fopenmp linking; then the compiler's runtime is the only one.
+        _runtime.append(found)
+    return _runtime[0]
+
+
+def _command(cc: str, src: Path, out: Path) -> list[str]:
+    override = os.environ.get("SCORCH_CFLAGS_OVERRIDE")
+    flags = shlex.split(override) if override is not None else list(DEFAULT_FLAGS)
+    flags += shlex.split(os.environ.get("SCORCH_CFLAGS", ""))
+    link = []
+    if (rt := openmp_runtime()) is not None:
+        # --as-needed: the driver's own -lgomp (added after our inputs) is then unused.
+        link = ["-Wl,--as-needed", rt, f"-Wl,-rpath,{os.path.dirname(rt)}"]
+    return [cc, *flags, "-o", str(out), str(src), *link]
+
+
+def _check_elf(path: Path) -> None:
+    """Raise OSError if ``path`` is not a complete ELF file (a truncated .so dlopens into SIGBUS)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        if data[:4] != b"\x7fELF":
+            raise ValueError("no ELF magic")
+        end = "<" if data[5] == 1 else ">"
+        is64 = data[4] == 2
+        hdr = struct.unpack_from(end + ("QQQIHHHHHH" if is64 else "IIIIHHHHHH"), data, 24)
+        phoff, shoff, phentsize, phnum, shentsize, shnum = hdr[1], hdr[2], *hdr[5:7], *hdr[7:9]
+        need = max(phoff + phnum * phentsize, shoff + shnum * shentsize)
+        for i in range(phnum):  # every segment's bytes must be in the file
+            at = phoff + i * phentsize
+            off, filesz = (struct.unpack_from(end + "QQQQ", data, at + 8)[::3] if is64
+                           else struct.unpack_from(end + "IIII", data, at + 4)[::3])
+            need = max(need, off + filesz)
+    except (ValueError, struct.error, IndexError) as e:
+        raise OSError(f"{path}: not a valid shared library ({e})") from None
+    if len(data) < need:
+        raise OSError(f"{path}: truncated ({len(data)} < {need} bytes)")
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    _check_elf(path)
+    return ctypes.CDLL(str(path))
+
+
+def _private() -> Path:
+    if not _private_dir:
+        d = Path(tempfile.mkdtemp(prefix="scorch-"))
+        atexit.register(shutil.rmtree, d, ignore_errors=True)
+        _private_dir.append(d)
+    return _private_dir[0]
+
+
+def _write_atomic(directory: Path, name: str, data: bytes) -> Path:
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, directory / name)
+    return directory / name
+
+
+def _writable(directory: Path) -> bool:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=directory).close()
+        return True
+    except OSError:
+        return False
+
+
+def _build(source: str, directory: Path, stem: str) -> ctypes.CDLL:
+    """Compile into ``directory`` (temp name, then os.replace) and load the result."""
+    cc = os.environ.get("SCORCH_CC") or "cc"
+    c_path = _write_atomic(directory, f"{stem}.c", source.encode())
+    fd, tmp_so = tempfile.mkstemp(dir=directory, prefix=f".{stem}.", suffix=".so.tmp")
+    os.close(fd)
+    try:
+        cmd = _command(cc, c_path, Path(tmp_so))
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            err = proc.stderr.strip()
+            err = err if len(err) <= 2000 else err[:2000] + "\n... (truncated)"
+            raise InternalError(f"C compiler failed: {shlex.join(cmd)}\nsource kept at {c_path}\n{err}")
+        os.replace(tmp_so, directory / f"{stem}.so")
+    finally:
+        if os.path.exists(tmp_so):
+            os.unlink(tmp_so)
+    try:
+        return _load(directory / f"{stem}.so")
+    except OSError as e:
+        raise InternalError(f"compiled library does not load ({e}); source kept at {c_path}") from None
+
+
+def compile_library(source: str, *, tag: str = "kernel") -> ctypes.CDLL:
+    """Compile C99 ``source`` into a shared library (cached) and load it with ctypes."""
+    ident = _compiler_identity()
+    if ident is None:
+        raise NotSupportedError(
+            f"compiled kernels need a C compiler, but SCORCH_CC={os.environ.get('SCORCH_CC') or 'cc'!r}"
+            " does not run; install gcc/clang or set SCORCH_CC, or use the torch fallback")
+    cmd = _command("$CC", Path("$SRC"), Path("$OUT"))
+    key = hashlib.sha256("\0".join([str(CACHE_VERSION), ident, *cmd, source]).encode()).hexdigest()
+    if (lib := _memory.get(key)) is not None:
+        return lib
+    with _lock:
+        if (lib := _memory.get(key)) is not None:
+            return lib
+        stem = f"{re.sub(r'[^A-Za-z0-9_]', '_', tag) or 'kernel'}-{key[:20]}"
+        if os.environ.get("SCORCH_NO_CACHE") == "1":
+            lib = _build(source, _private(), stem)
+        else:
+            directory = cache_dir()
+            try:
+                lib = _load(directory / f"{stem}.so")
+            except OSError:  # missing, truncated or corrupt: (re)build it
+                if not _writable(directory):
+                    if str(directory) not in _warned:
+                        _warned.add(str(directory))
+                        warnings.warn(f"scorch: cache dir {directory} is not writable; compiling "
+                                      "into a private temp dir", RuntimeWarning, stacklevel=2)
+                    directory = _private()
+                lib = _build(source, directory, stem)
+        _memory[key] = lib
+        return lib

@@ -1,0 +1,113 @@
+"""The C printer: loop IR -> C99 + OpenMP source.  It knows C, not formats."""
+
+from __future__ import annotations
+
+from .ir import Assign, Bin, Block, Break, Call, Cast, Const, Decl, For, Forever, If, Kernel, Load, Parallel, Var
+
+PRELUDE = """\
+#include <stdint.h>
+#include <math.h>
+#include <omp.h>
+
+/* First index r in [0, n] with pos[r] >= target (pos non-decreasing). */
+static inline int64_t scorch_lower_bound(const void *pos, int wide, int64_t n, int64_t target) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    int64_t v = wide ? ((const int64_t *)pos)[mid] : (int64_t)((const int32_t *)pos)[mid];
+    if (v < target) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
+
+#define SCORCH_MIN(a, b) ((a) < (b) ? (a) : (b))
+
+/* Sort a[0..n) ascending (insertion sort for short rows, heap sort otherwise); returns n. */
+static inline int64_t scorch_sort(int64_t *a, int64_t n) {
+  if (n <= 32) {
+    for (int64_t i = 1; i < n; i++) {
+      int64_t x = a[i], j = i - 1;
+      while (j >= 0 && a[j] > x) { a[j + 1] = a[j]; j--; }
+      a[j + 1] = x;
+    }
+    return n;
+  }
+  for (int64_t start = n / 2 - 1; start >= 0; start--) {
+    for (int64_t r = start;;) {
+      int64_t c = 2 * r + 1;
+      if (c >= n) break;
+      if (c + 1 < n && a[c] < a[c + 1]) c++;
+      if (a[r] >= a[c]) break;
+      int64_t t = a[r]; a[r] = a[c]; a[c] = t; r = c;
+    }
+  }
+  for (int64_t end = n - 1; end > 0; end--) {
+    int64_t t = a[0]; a[0] = a[end]; a[end] = t;
+    for (int64_t r = 0;;) {
+      int64_t c = 2 * r + 1;
+      if (c >= end) break;
+      if (c + 1 < end && a[c] < a[c + 1]) c++;
+      if (a[r] >= a[c]) break;
+      t = a[r]; a[r] = a[c]; a[c] = t; r = c;
+    }
+  }
+  return n;
+}
+"""
+
+
+def expr(e) -> str:
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, Const):
+        v = e.value
+        return repr(v) if isinstance(v, int) else f"{float(v)!r}"
+    if isinstance(e, Bin):
+        return f"({expr(e.a)} {e.op} {expr(e.b)})"
+    if isinstance(e, Load):
+        return f"{expr(e.array)}[{expr(e.index)}]"
+    if isinstance(e, Call):
+        return f"{e.fn}({', '.join(expr(a) for a in e.args)})"
+    if isinstance(e, Cast):
+        return f"(({e.ctype}){expr(e.value)})"
+    raise TypeError(f"codegen: unknown expression {e!r}")
+
+
+def stmt(s, ind: str) -> list[str]:
+    if isinstance(s, Block):
+        return [line for t in s.body for line in stmt(t, ind)]
+    if isinstance(s, Decl):
+        return [f"{ind}{s.ctype} {s.name}" + (f" = {expr(s.value)};" if s.value is not None else ";")]
+    if isinstance(s, Assign):
+        return [f"{ind}{expr(s.target)} {s.op} {expr(s.value)};"]
+    if isinstance(s, For):
+        out = []
+        if s.simd:
+            out.append(f"{ind}#pragma omp simd" + (f" reduction(+:{s.reduction})" if s.reduction else ""))
+        out.append(f"{ind}for (int64_t {s.var} = {expr(s.lo)}; {s.var} < {expr(s.hi)}; {s.var}++) {{")
+        return out + stmt(s.body, ind + "  ") + [f"{ind}}}"]
+    if isinstance(s, Forever):
+        return [f"{ind}for (;;) {{"] + stmt(s.body, ind + "  ") + [f"{ind}}}"]
+    if isinstance(s, If):
+        out = [f"{ind}if ({expr(s.cond)}) {{"] + stmt(s.then, ind + "  ")
+        if s.orelse is not None:
+            out += [f"{ind}}} else {{"] + stmt(s.orelse, ind + "  ")
+        return out + [f"{ind}}}"]
+    if isinstance(s, Break):
+        return [f"{ind}break;"]
+    if isinstance(s, Parallel):
+        return ([f"{ind}#pragma omp parallel num_threads({expr(s.nthreads)})", f"{ind}{{",
+                 f"{ind}  int64_t tid = omp_get_thread_num();", f"{ind}  int64_t nthr = omp_get_num_threads();"]
+                + stmt(s.body, ind + "  ") + [f"{ind}}}"])
+    raise TypeError(f"codegen: unknown statement {s!r}")
+
+
+def function(kernel: Kernel) -> str:
+    params = ", ".join(f"{p.ctype}restrict {p.name}" if p.ctype.endswith("*") else f"{p.ctype} {p.name}"
+                       for p in kernel.params)
+    return "\n".join([f"void {kernel.name}({params}) {{"] + stmt(kernel.body, "  ") + ["}", ""])
+
+
+def render(*kernels: Kernel) -> str:
+    """Complete C source for one or more kernels of one plan."""
+    return "\n".join([PRELUDE] + [function(k) for k in kernels])

@@ -1,0 +1,323 @@
+"""The compiler driver: ``einsum(eq, *operands)`` top to bottom.
+
+operands -> :func:`notation.parse` -> :func:`schedule.make_schedule` ->
+:func:`lower.lower` -> :func:`codegen.render` -> :func:`build.compile_library`
+-> call with the operands' raw pointers.  Plans are cached in process by a
+canonical key (equation, expression, operand formats / index widths / stride
+kinds, value type, output mode); sizes are runtime arguments, so one kernel
+serves every shape.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import NotSupportedError, ScorchTypeError
+from ..format import bsc_format, bsr_format, preset
+from ..interop import as_sparse, is_sparse
+from ..tensor import SparseTensor
+from . import build, codegen
+from .lower import lower
+from .notation import Einsum, parse, product
+from .schedule import Operand, Schedule, make_schedule
+
+_TORCH_LAYOUT_FORMAT = {torch.sparse_coo: "coo", torch.sparse_csr: "csr", torch.sparse_csc: "csc"}
+
+
+@dataclass
+class Plan:
+    """What runs for one einsum: readable with ``str()``, inspectable by tests."""
+    equation: str
+    loop_order: tuple
+    output_format: str
+    parallel: str
+    notes: tuple
+    source: str
+    backend: str = "generated C"
+    schedule: Schedule | None = field(default=None, repr=False)
+    kernels: tuple = field(default=(), repr=False)
+    _fns: dict = field(default_factory=dict, repr=False)
+
+    def __str__(self) -> str:
+        lines = [f"einsum {self.equation}", f"  backend:      {self.backend}",
+                 f"  loop order:   {' -> '.join(self.loop_order)}",
+                 f"  output:       {self.output_format}", f"  parallel:     {self.parallel}"]
+        if self.schedule is not None:
+            lines.append(f"  expression:   {self.schedule.expr}")
+            for k, op in enumerate(self.schedule.operands):
+                lines.append(f"  operand {k}:    {op.indices} " + (str(op.fmt) if op.sparse else "dense"))
+        lines += [f"  note:         {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def function(self, name: str):
+        fn = self._fns.get(name)
+        if fn is None:
+            lib = build.compile_library(self.source, tag="einsum")
+            for k in self.kernels:
+                f = getattr(lib, k.name)
+                f.restype = None
+                f.argtypes = [ctypes.c_void_p if p.ctype.endswith("*") else ctypes.c_int64 for p in k.params]
+                self._fns[k.name] = f
+            fn = self._fns[name]
+        return fn
+
+
+_PLANS: dict = {}
+_warned_no_cc = False
+
+
+# ------------------------------------------------------------------ operands
+
+def _operands(operands):
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    out = []
+    for k, x in enumerate(operands):
+        if isinstance(x, SparseTensor) or (isinstance(x, torch.Tensor) and not is_sparse(x)):
+            out.append(x)
+        elif isinstance(x, torch.Tensor):
+            fmt = _TORCH_LAYOUT_FORMAT.get(x.layout)
+            if fmt is None:  # BSR / BSC keep their blocks
+                make = bsr_format if x.layout == torch.sparse_bsr else bsc_format
+                fmt = make(*x.values().shape[1:3])
+            out.append(as_sparse(x, fmt))
+        else:
+            raise ScorchTypeError(f"einsum: operand {k} must be a tensor, got {type(x).__name__}")
+        if out[-1].device.type != "cpu":
+            raise NotSupportedError(f"einsum: operand {k} is on {out[-1].device}; scorch kernels run on the CPU")
+    return out
+
+
+def _compute_dtype(ops):
+    dt = ops[0].dtype
+    for x in ops[1:]:
+        dt = torch.promote_types(dt, x.dtype)
+    if dt in (torch.float16, torch.bfloat16):
+        return dt, torch.float32
+    if dt in (torch.float32, torch.float64):
+        return dt, dt
+    raise NotSupportedError(f"einsum: values of dtype {dt} are not supported; use float32/float64 (x.float())")
+
+
+def _take_diagonals(terms, ops, equation):
+    """An index repeated within one operand (a diagonal) is taken before compiling."""
+    new_terms, new_ops = [], []
+    for k, (t, x) in enumerate(zip(terms, ops)):
+        uniq = "".join(dict.fromkeys(t))
+        if uniq != t:
+            if isinstance(x, SparseTensor):
+                raise NotSupportedError(
+                    f"einsum {equation!r}: operand {k} repeats an index ({t!r}) and is sparse; "
+                    "take the diagonal of x.to_dense() first")
+            x = torch.einsum(f"{t}->{uniq}", x)
+        new_terms.append(uniq)
+        new_ops.append(x)
+    return new_terms, new_ops
+
+
+# ------------------------------------------------------------------ planning
+
+def _plan(equation: str, ops, format, expr=None) -> tuple:
+    ein = parse(equation, [tuple(x.shape) for x in ops])
+    terms, ops = _take_diagonals(list(ein.inputs), ops, equation)
+    if terms != list(ein.inputs):
+        ein = Einsum(tuple(terms), ein.output, ein.sizes)
+    size = ein.size
+    for k, (t, x) in enumerate(zip(terms, ops)):
+        if isinstance(x, SparseTensor) and any(n == 1 and size[c] != 1 for c, n in zip(t, x.shape)):
+            raise NotSupportedError(f"einsum {equation!r}: sparse operand {k} would need broadcasting "
+                                    f"(shape {tuple(x.shape)}); expand it densely first")
+    out_dtype, cdtype = _compute_dtype(ops)
+    vtype = "float" if cdtype == torch.float32 else "double"
+    ops = [x if isinstance(x, SparseTensor) else x.to(cdtype).expand(tuple(size[c] for c in t))
+           for t, x in zip(terms, ops)]  # dense operands: broadcast size-1 dims (stride 0, no copy)
+    specs = tuple(Operand(t, x.format, "int64_t" if x.index_dtype == torch.int64 else "int32_t")
+                  if isinstance(x, SparseTensor) else Operand(t, None, unit_stride=(x.dim() == 0 or x.stride(-1) == 1))
+                  for t, x in zip(terms, ops))
+    out_mode = "dense" if format == "dense" else "auto"
+    key = (ein.inputs, ein.output, str(expr), specs, vtype, out_mode)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _make_plan(ein, specs, vtype, out_mode, expr)
+        _PLANS[key] = plan
+    return plan, ein, ops, out_dtype, cdtype
+
+
+def _make_plan(ein, specs, vtype, out_mode, expr) -> Plan:
+    sched = make_schedule(ein, specs, out_mode, expr)
+    if sched.output[0] == "assemble":
+        kernels = (lower(sched, vtype, "count"), lower(sched, vtype, "fill"))
+        out_fmt = f"sparse, {preset('csr', len(ein.output))} assembled through a dense workspace"
+    else:
+        kernels = (lower(sched, vtype),)
+        out_fmt = "dense" if sched.output[0] == "dense" else f"sparse, pattern of operand {sched.output[1]}"
+    return Plan(str(ein), sched.loop_order, out_fmt, sched.parallel, sched.notes, codegen.render(*kernels),
+                schedule=sched, kernels=kernels)
+
+
+def explain(equation: str, *operands, format=None) -> Plan:
+    """The plan ``einsum`` would run: loop order, output format, generated C (``.source``).
+
+    >>> import torch, scorch
+    >>> plan = scorch.explain("ij,jk->ik", scorch.as_sparse(torch.eye(3)), torch.ones(3, 2))
+    >>> plan.loop_order
+    ('i', 'j', 'k')
+    """
+    plan = _plan(equation, _operands(operands), format)[0]
+    if not build.have_compiler():
+        plan = Plan(plan.equation, plan.loop_order, plan.output_format, plan.parallel,
+                    plan.notes + ("no C compiler found: runs torch.einsum on dense operands",),
+                    plan.source, backend="torch (no C compiler)", schedule=plan.schedule, kernels=plan.kernels)
+    return plan
+
+
+# ------------------------------------------------------------------ running
+
+def einsum(equation: str, *operands, format=None):
+    """Einstein summation over dense and sparse operands, compiled to C.
+
+    The result is sparse when it is zero wherever the sparse operands are
+    (SDDMM, sparse * dense, SpGEMM, sparse + sparse), as a SparseTensor: in the
+    pattern of the sparse operand when there is one, else assembled (CSR-like).
+    A contraction that scatters (``A^T x``) or leaves a dense index free (SpMM)
+    gives a plain dense ``torch.Tensor``.  ``format=`` converts the result
+    (``"dense"`` for a dense tensor).
+
+    >>> import torch, scorch
+    >>> A = scorch.as_sparse(torch.eye(3), "csr")
+    >>> scorch.einsum("ij,jk->ik", A, torch.ones(3, 2)).tolist()
+    [[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]
+    """
+    ops = _operands(operands)
+    if not any(isinstance(x, SparseTensor) for x in ops) and format in (None, "dense"):
+        return torch.einsum(equation, *ops)  # all dense: torch's BLAS-backed einsum is the right kernel
+    return evaluate(equation, ops, format=format)
+
+
+def evaluate(equation: str, ops, *, format=None, expr=None):
+    """Run ``equation`` over prepared operands; ``expr`` (index notation over
+    ``Access(k, indices)``) replaces the product of operands when given."""
+    plan, ein, ops, out_dtype, cdtype = _plan(equation, list(ops), format, expr)
+    if not build.have_compiler():
+        return _torch_fallback(ein, ops, out_dtype, format, expr)
+    result = _run(plan, ein, ops, cdtype)
+    if result.dtype != out_dtype:
+        result = result.to(out_dtype)
+    if format == "dense" and isinstance(result, SparseTensor):
+        return result.to_dense()
+    if format is not None and format != "dense":
+        result = as_sparse(result, format)
+    return result
+
+
+def _torch_fallback(ein, ops, out_dtype, format, expr):
+    global _warned_no_cc
+    if expr is not None and expr != product(ein):
+        raise NotSupportedError("elementwise expressions need a C compiler ($SCORCH_CC or cc)")
+    if not _warned_no_cc:
+        _warned_no_cc = True
+        warnings.warn("scorch: no C compiler found ($SCORCH_CC or cc); einsum runs densely with torch "
+                      "(correct but slower)", stacklevel=3)
+    dense = [x.to_dense() if isinstance(x, SparseTensor) else x for x in ops]
+    out = torch.einsum(str(ein), *dense).to(out_dtype)
+    return out if format in (None, "dense") else as_sparse(out, format)
+
+
+def _prepare(sched, ops):
+    """Apply the schedule's re-formats and densifications to the operands."""
+    ops = list(ops)
+    for k, spec in enumerate(sched.operands):
+        x = ops[k]
+        if spec.sparse and x.format != spec.fmt:
+            ops[k] = x.asformat(spec.fmt)
+        elif not spec.sparse and isinstance(x, SparseTensor):
+            ops[k] = x.to_dense()
+    return ops
+
+
+def _call(plan, kernel, ops, size, cdtype, extra):
+    keep = []  # tensors whose pointers are passed must outlive the call
+
+    def ptr(t):
+        t = t.contiguous()
+        keep.append(t)
+        return t.data_ptr()
+
+    args = []
+    for p in kernel.params:
+        kind = p.role[0]
+        if kind == "size":
+            args.append(size[p.role[1]])
+        elif kind in ("pos", "crd"):
+            x = ops[p.role[1]]
+            args.append(ptr(x.pos(p.role[2]) if kind == "pos" else x.crd(p.role[2])))
+        elif kind == "slots":
+            x, k = ops[p.role[1]], p.role[2]
+            parents = _positions_above(x, k)
+            args.append(x.crd(k).numel() // parents if parents else 0)
+        elif kind == "vals":
+            args.append(ptr(ops[p.role[1]].values().detach().to(cdtype)))
+        elif kind == "data":
+            x = ops[p.role[1]].detach()
+            keep.append(x)
+            args.append(x.data_ptr())
+        elif kind == "stride":
+            args.append(ops[p.role[1]].stride(p.role[2]))
+        else:
+            v = extra[kind]
+            args.append(v.data_ptr() if isinstance(v, torch.Tensor) else v)
+    plan.function(kernel.name)(*args)
+
+
+def _run(plan: Plan, ein: Einsum, ops, cdtype):
+    sched = plan.schedule
+    ops = _prepare(sched, ops)
+    size = ein.size
+    nthreads = max(1, build.num_threads())
+    out_shape = tuple(size[c] for c in ein.output)
+    if sched.output[0] == "dense":
+        copies = nthreads if sched.parallel == "buffers" else 1
+        out = torch.zeros((copies,) + out_shape, dtype=cdtype)
+        _call(plan, plan.kernels[0], ops, size, cdtype, {"nthreads": nthreads, "out": out})
+        return out.sum(0) if copies > 1 else out[0]
+    if sched.output[0] == "pattern":
+        src = ops[sched.output[1]]
+        out = torch.zeros(src.values().numel(), dtype=cdtype)
+        _call(plan, plan.kernels[0], ops, size, cdtype, {"nthreads": nthreads, "out": out})
+        return SparseTensor(src.format, src.shape, src._pos, src._crd, out, nnz=src.nnz)
+    return _assemble(plan, ops, size, cdtype, nthreads, out_shape)
+
+
+def _assemble(plan, ops, size, cdtype, nthreads, out_shape):
+    """Two passes over the same loop nest: nonzeros per output row, then coordinates and values."""
+    rows = 1
+    for n in out_shape[:-1]:
+        rows *= n
+    width = out_shape[-1]
+    marks = torch.full((nthreads * width,), -1, dtype=torch.int64)
+    counts = torch.zeros(rows, dtype=torch.int64)
+    _call(plan, plan.kernels[0], ops, size, cdtype, {"nthreads": nthreads, "counts": counts, "marks": marks})
+    rowpos = torch.zeros(rows + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=rowpos[1:])
+    nnz = int(rowpos[-1])
+    marks.fill_(-1)
+    crd = torch.empty(nnz, dtype=torch.int64)
+    vals = torch.empty(nnz, dtype=cdtype)
+    _call(plan, plan.kernels[1], ops, size, cdtype,
+          {"nthreads": nthreads, "rowpos": rowpos, "marks": marks, "list": torch.empty_like(marks),
+           "ws": torch.empty(nthreads * width, dtype=cdtype), "out_crd": crd, "out": vals})
+    fmt = preset("csr", len(out_shape))
+    idx = torch.int32 if max(nnz, *out_shape) < 2**31 else torch.int64
+    n = len(out_shape)
+    pos = (None,) * (n - 1) + (rowpos.to(idx),)
+    crds = (None,) * (n - 1) + (crd.to(idx),)
+    return SparseTensor(fmt, out_shape, pos, crds, vals, nnz=nnz)
+
+
+def _positions_above(x: SparseTensor, k: int) -> int:
+    from ..convert import positions_per_level
+    return ([1] + positions_per_level(x.format, x.shape, x._crd))[k]

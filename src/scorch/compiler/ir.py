@@ -1,0 +1,202 @@
+"""Loop IR: what lowering produces and the C printer consumes.
+
+Expressions and statements are small frozen dataclasses that compare and
+print (``str``), so lowering is testable without a C compiler.  Nothing here
+knows about formats; nothing outside :mod:`codegen` writes C.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+# ------------------------------------------------------------------ expressions
+
+class Expr:
+    def __add__(self, o): return _add(self, _e(o))
+    def __radd__(self, o): return _add(_e(o), self)
+    def __sub__(self, o): return Bin("-", self, _e(o))
+    def __mul__(self, o): return _mul(self, _e(o))
+    def __rmul__(self, o): return _mul(_e(o), self)
+    def __truediv__(self, o): return Bin("/", self, _e(o))
+    def lt(self, o): return Bin("<", self, _e(o))
+    def ge(self, o): return Bin(">=", self, _e(o))
+    def eq(self, o): return Bin("==", self, _e(o))
+
+    def __getitem__(self, idx):
+        return Load(self, _e(idx))
+
+
+def _is(x, v) -> bool:
+    return isinstance(x, Const) and x.value == v
+
+
+def _add(a, b):
+    """a + b, folding additions of 0 (keeps the generated C readable)."""
+    return b if _is(a, 0) else a if _is(b, 0) else Bin("+", a, b)
+
+
+def _mul(a, b):
+    """a * b, folding multiplications by 0 and 1 on integer index arithmetic."""
+    if _is(a, 0) or _is(b, 0):
+        return Const(0)
+    return b if _is(a, 1) else a if _is(b, 1) else Bin("*", a, b)
+
+
+def _e(x) -> "Expr":
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, (int, float)):
+        return Const(x)
+    raise TypeError(f"not an IR expression: {x!r}")
+
+
+@dataclass(frozen=True)
+class Var(Expr):
+    name: str
+
+    def __str__(self): return self.name
+
+
+@dataclass(frozen=True)
+class Const(Expr):
+    value: int | float
+
+    def __str__(self): return repr(self.value)
+
+
+@dataclass(frozen=True)
+class Bin(Expr):
+    op: str
+    a: Expr
+    b: Expr
+
+    def __str__(self): return f"({self.a} {self.op} {self.b})"
+
+
+@dataclass(frozen=True)
+class Load(Expr):
+    array: Expr
+    index: Expr
+
+    def __str__(self): return f"{self.array}[{self.index}]"
+
+
+@dataclass(frozen=True)
+class Call(Expr):
+    fn: str
+    args: tuple
+
+    def __str__(self): return f"{self.fn}({', '.join(map(str, self.args))})"
+
+
+@dataclass(frozen=True)
+class Cast(Expr):
+    ctype: str
+    value: Expr
+
+    def __str__(self): return f"({self.ctype}){self.value}"
+
+
+# ------------------------------------------------------------------ statements
+
+class Stmt:
+    pass
+
+
+@dataclass(frozen=True)
+class Block(Stmt):
+    body: tuple = ()
+
+    def __str__(self): return "\n".join(map(str, self.body))
+
+
+@dataclass(frozen=True)
+class Decl(Stmt):
+    ctype: str
+    name: str
+    value: Expr | None = None
+
+    def __str__(self): return f"{self.ctype} {self.name}" + (f" = {self.value}" if self.value is not None else "")
+
+
+@dataclass(frozen=True)
+class Assign(Stmt):
+    target: Expr
+    value: Expr
+    op: str = "="  # or "+="
+
+    def __str__(self): return f"{self.target} {self.op} {self.value}"
+
+
+@dataclass(frozen=True)
+class For(Stmt):
+    """``for (var = lo; var < hi; var++) body``; ``simd`` asks for vectorisation,
+    ``reduction`` names a scalar summed across simd lanes."""
+    var: str
+    lo: Expr
+    hi: Expr
+    body: Block
+    simd: bool = False
+    reduction: str | None = None
+
+    def __str__(self):
+        head = f"for {self.var} in [{self.lo}, {self.hi})" + (" simd" if self.simd else "")
+        return head + ":\n" + _indent(str(self.body))
+
+
+@dataclass(frozen=True)
+class Forever(Stmt):
+    """``for (;;) body``: left only by a ``Break``."""
+    body: Block
+
+    def __str__(self):
+        return "loop:\n" + _indent(str(self.body))
+
+
+@dataclass(frozen=True)
+class If(Stmt):
+    cond: Expr
+    then: Block
+    orelse: Block | None = None
+
+    def __str__(self):
+        return f"if {self.cond}:\n" + _indent(str(self.then)) + (
+            "\nelse:\n" + _indent(str(self.orelse)) if self.orelse else "")
+
+
+@dataclass(frozen=True)
+class Break(Stmt):
+    def __str__(self): return "break"
+
+
+@dataclass(frozen=True)
+class Parallel(Stmt):
+    """An OpenMP parallel region of ``nthreads`` threads; ``tid`` / ``nthr`` are bound inside."""
+    body: Block
+    nthreads: Expr
+
+    def __str__(self): return f"parallel({self.nthreads}):\n" + _indent(str(self.body))
+
+
+@dataclass(frozen=True)
+class Param:
+    """A kernel argument: ``ctype`` is a C type (pointers end in '*')."""
+    name: str
+    ctype: str
+    role: tuple = field(default=(), compare=False)  # where the runtime finds it, e.g. ("crd", 0, 1)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    params: tuple
+    body: Block
+
+    def __str__(self):
+        sig = ", ".join(f"{p.ctype} {p.name}" for p in self.params)
+        return f"kernel {self.name}({sig}):\n" + _indent(str(self.body))
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())

@@ -1,0 +1,387 @@
+"""Schedule -> loop IR (:class:`~scorch.compiler.ir.Kernel`).
+
+Walks the loop order outer to inner.  At each loop variable ``v`` the sparse
+operands whose next level stores ``v`` either *iterate* it (compressed,
+singleton, padded levels) or *locate* into it (dense levels: ``p*N + v``).
+Which iterators must have an entry is the merge lattice of the expression at
+``v`` (:mod:`.lattice`):
+
+* no iterator: a dense ``for``;
+* one point with one iterator: a ``for`` over that level's positions;
+* several iterators: a two-pointer merge per lattice point (largest first),
+  with one case per sub-point;
+* a point with no iterator (sparse + dense): a dense ``for`` that merges the
+  iterators into it.
+
+Each operand's value is loaded once all its levels are bound (hoisted out of
+inner loops), reductions that sit innermost accumulate in a register, and the
+outer loop is split across OpenMP threads, balanced by nonzeros.  Outputs:
+dense (``outp[...] +=``), an operand's pattern (``outp[pos] +=``), or a new
+pattern assembled row by row through a dense workspace in two phases
+("count": nonzeros per row; "fill": coordinates and values).
+
+Only level capabilities (``kind``) are consulted, never format names.
+"""
+
+from __future__ import annotations
+
+from .ir import Assign, Bin, Block, Break, Call, Cast, Const, Decl, For, Forever, If, Kernel, Param, Parallel, Var
+from .lattice import lattice, needs_every_coordinate
+from .notation import Access, Neg, Op, Zero, accesses
+from .schedule import Schedule
+
+_C = Var
+
+
+class _State:
+    """Per-operand walk state, copied at each loop level (lowering is a tree walk)."""
+
+    def __init__(self, level_at, pos, bound, loaded):
+        self.level_at, self.pos, self.bound, self.loaded = level_at, pos, bound, loaded
+
+    def copy(self):
+        return _State(dict(self.level_at), dict(self.pos), set(self.bound), dict(self.loaded))
+
+
+class _Lowerer:
+    def __init__(self, s: Schedule, vtype: str, phase: str):
+        self.s, self.vtype, self.phase, self.ein = s, vtype, phase, s.einsum
+        self.split = {v: (o, i, b) for v, o, i, b in s.splits}
+        self.split_parts = {o: v for v, o, _, _ in s.splits} | {i: v for v, _, i, _ in s.splits}
+        self.used = {a.operand for a in accesses(s.expr)}
+        self.rows = tuple(self.ein.output[:-1]) if s.output[0] == "assemble" else ()
+        self.params = self._params()
+        self.acc_depth = None
+
+    def _params(self):
+        s, vt = self.s, self.vtype
+        ps = [Param("nthreads", "int64_t", ("nthreads",))]
+        ps += [Param(f"n_{idx}", "int64_t", ("size", idx)) for idx in sorted(self.ein.size)]
+        for t, op in enumerate(s.operands):
+            if op.sparse:
+                for k, lv in enumerate(op.fmt.levels):
+                    if lv.has_pos:
+                        ps.append(Param(f"pos{t}_{k}", f"const {op.index_ctype} *", ("pos", t, k)))
+                    if lv.has_crd:
+                        ps.append(Param(f"crd{t}_{k}", f"const {op.index_ctype} *", ("crd", t, k)))
+                    if lv.kind == "padded":
+                        ps.append(Param(f"slots{t}_{k}", "int64_t", ("slots", t, k)))
+                ps.append(Param(f"vals{t}", f"const {vt} *", ("vals", t)))
+            else:
+                ps.append(Param(f"d{t}", f"const {vt} *", ("data", t)))
+                for d in range(len(op.indices)):
+                    if not (d == len(op.indices) - 1 and op.unit_stride):
+                        ps.append(Param(f"s{t}_{d}", "int64_t", ("stride", t, d)))
+        if self.phase == "count":
+            ps += [Param("counts", "int64_t *", ("counts",)), Param("marks", "int64_t *", ("marks",))]
+        elif self.phase == "fill":
+            ps += [Param("rowpos", "const int64_t *", ("rowpos",)), Param("marks", "int64_t *", ("marks",)),
+                   Param("list", "int64_t *", ("list",)), Param("ws", f"{vt} *", ("ws",)),
+                   Param("out_crd", "int64_t *", ("out_crd",)), Param("out", f"{vt} *", ("out",))]
+        else:
+            ps.append(Param("out", f"{vt} *", ("out",)))
+        return tuple(ps)
+
+    # -------------------------------------------------------------- small helpers
+    def var_size(self, v: str):
+        if v in self.split_parts:
+            o, i, b = self.split[self.split_parts[v]]
+            return Const(b) if v == i else Bin("/", _C(f"n_{self.split_parts[v]}"), Const(b))
+        return _C(f"n_{v}")
+
+    def linear(self, idxs):
+        off = Const(0)
+        for idx in idxs:
+            off = off * _C(f"n_{idx}") + _C(idx)
+        return off
+
+    def next_level(self, st, t):
+        op = self.s.operands[t]
+        k = st.level_at[t]
+        if k == len(op.fmt.levels):
+            return None, None
+        return op.level_vars()[k], op.fmt.levels[k].kind
+
+    # -------------------------------------------------------------- the walk
+    def lower(self) -> Kernel:
+        s = self.s
+        sparse = [t for t, op in enumerate(s.operands) if op.sparse and t in self.used]
+        st = _State({t: 0 for t in sparse}, {t: Const(0) for t in sparse}, set(), {})
+        body = self.row_start(st) if not self.rows else []
+        body += self.loop(0, s.expr, st)
+        body += self.row_end(st) if not self.rows else []
+        if s.parallel == "serial" or (s.output[0] == "assemble" and not self.rows):
+            body = [If(_C("tid").eq(Const(0)), Block(tuple(body)))]
+        name = {"count": "kernel_count", "fill": "kernel_fill"}.get(self.phase, "kernel")
+        return Kernel(name, self.params, Block((Parallel(Block(tuple(self.prelude()) + tuple(body)),
+                                                         _C("nthreads")),)))
+
+    def prelude(self):
+        vt, s = self.vtype, self.s
+        if self.phase == "count":
+            return [Decl("int64_t * restrict", "mark", _C("marks") + _C("tid") * _C(f"n_{self.ein.output[-1]}"))]
+        if self.phase == "fill":
+            n = _C(f"n_{self.ein.output[-1]}")
+            return [Decl("int64_t * restrict", "mark", _C("marks") + _C("tid") * n),
+                    Decl("int64_t * restrict", "lst", _C("list") + _C("tid") * n),
+                    Decl(f"{vt} * restrict", "w", _C("ws") + _C("tid") * n)]
+        if s.output[0] == "dense" and s.parallel == "buffers":
+            numel = Const(1)
+            for idx in self.ein.output:
+                numel = numel * _C(f"n_{idx}")
+            return [Decl(f"{vt} * restrict", "outp", _C("out") + _C("tid") * numel)]
+        return [Decl(f"{vt} * restrict", "outp", _C("out"))]
+
+    def loop(self, depth: int, expr, st: _State) -> list:
+        s = self.s
+        if depth == len(s.loop_order):
+            return self.leaf(expr, st)
+        v = s.loop_order[depth]
+        iters = frozenset(t for t in st.level_at if self.next_level(st, t)[0] == v
+                          and self.next_level(st, t)[1] != "dense" and t in _present(expr))
+        points = lattice(expr, iters)
+        if not points:
+            return []
+        if not iters:
+            body = Block(tuple(self.body(depth, v, points[0], st, iters)))
+            innermost = depth == len(s.loop_order) - 1 and self.phase == "compute"
+            red = "acc" if innermost and self.acc_depth is not None else None
+            stmts = [For(v, Const(0), self.var_size(v), body, simd=innermost, reduction=red)]
+        elif needs_every_coordinate(points):
+            stmts = self.dense_merge(depth, v, points, iters, st)
+        elif len(points) == 1 and len(iters) == 1:
+            stmts = self.walk_one(depth, v, points[0], st)
+        else:
+            stmts = self.merge(depth, v, points, iters, st)
+        if depth == 0 and s.parallel != "serial" and len(stmts) == 1 and isinstance(stmts[0], For):
+            stmts = self.parallelise(stmts[0], iters)
+        return stmts
+
+    def body(self, depth, v, point, st, present, binds=()):
+        """Statements inside the loop over ``v`` once ``present`` iterators sit at ``v``."""
+        st = st.copy()
+        out = list(binds)
+        st.bound.add(v)
+        for t in list(st.level_at):
+            var, kind = self.next_level(st, t)
+            if var == v and kind == "dense":
+                k = st.level_at[t]
+                out.append(Decl("int64_t", f"q{t}_{k}", st.pos[t] * self.var_size(v) + _C(v)))
+                st.pos[t], st.level_at[t] = _C(f"q{t}_{k}"), k + 1
+            elif var == v and t in present:
+                k = st.level_at[t]
+                st.pos[t], st.level_at[t] = _C(f"q{t}_{k}"), k + 1
+        if v in self.split_parts:
+            base = self.split_parts[v]
+            o, i, b = self.split[base]
+            if o in st.bound and i in st.bound:
+                out.append(Decl("int64_t", base, _C(o) * Const(b) + _C(i)))
+                st.bound.add(base)
+        out += self.bind_values(st, accesses(point.expr))
+        starts_row = self.rows and v == self.rows[-1].split("_")[0] and all(r in st.bound for r in self.rows)
+        if starts_row:
+            out += self.row_start(st)
+        out += self.maybe_acc_start(depth, st)
+        out += self.loop(depth + 1, point.expr, st)
+        out += self.maybe_acc_end(depth, st)
+        if starts_row:
+            out += self.row_end(st)
+        return out
+
+    def bind_values(self, st, accs):
+        out = []
+        for a in accs:
+            t, op = a.operand, self.s.operands[a.operand]
+            if t in st.loaded:
+                continue
+            if op.sparse and st.level_at[t] == len(op.fmt.levels):
+                load = _C(f"vals{t}")[st.pos[t]]
+            elif not op.sparse and all(i in st.bound for i in op.indices):
+                off = None
+                for d, idx in enumerate(op.indices):
+                    term = _C(idx) if (d == len(op.indices) - 1 and op.unit_stride) else _C(idx) * _C(f"s{t}_{d}")
+                    off = term if off is None else off + term
+                load = _C(f"d{t}")[off if off is not None else Const(0)]
+            else:
+                continue
+            out.append(Decl(f"const {self.vtype}", f"v{t}", load))
+            st.loaded[t] = _C(f"v{t}")
+        return out
+
+    # -------------------------------------------------------------- iteration forms
+    def walk_one(self, depth, v, point, st):
+        (t,) = point.iterators
+        k = st.level_at[t]
+        kind, it = self.s.operands[t].fmt.levels[k].kind, f"q{t}_{k}"
+        parent, crd = st.pos[t], _C(f"crd{t}_{k}")
+        coord = Decl("int64_t", v, Cast("int64_t", crd[_C(it)]))
+        if kind == "compressed":
+            pos = _C(f"pos{t}_{k}")
+            return [For(it, Cast("int64_t", pos[parent]), Cast("int64_t", pos[parent + Const(1)]),
+                        Block(tuple(self.body(depth, v, point, st, {t}, [coord]))))]
+        if kind == "singleton":
+            return [Block(tuple(self.body(depth, v, point, st, {t}, [Decl("int64_t", it, parent), coord])))]
+        slot, slots = f"sl{t}_{k}", _C(f"slots{t}_{k}")
+        binds = [Decl("int64_t", it, parent * slots + _C(slot)), coord, If(_C(v).lt(0), Block((Break(),)))]
+        return [For(slot, Const(0), slots, Block(tuple(self.body(depth, v, point, st, {t}, binds))))]
+
+    def _ranges(self, st, iters):
+        out = []
+        for t in sorted(iters):
+            k = st.level_at[t]
+            pos = _C(f"pos{t}_{k}")
+            out += [Decl("int64_t", f"q{t}_{k}", Cast("int64_t", pos[st.pos[t]])),
+                    Decl("int64_t", f"e{t}_{k}", Cast("int64_t", pos[st.pos[t] + Const(1)]))]
+        return out
+
+    def _cases(self, depth, v, points, st, have, candidates):
+        """if/else cascade: the largest point whose iterators all sit at v."""
+        chain = None
+        for p in reversed([p for p in points if p.iterators <= candidates]):
+            cond = None
+            for t in sorted(p.iterators):
+                c = have(t)
+                cond = c if cond is None else Bin("&&", cond, c)
+            blk = Block(tuple(self.body(depth, v, p, st, p.iterators)))
+            chain = blk if cond is None else (Block((If(cond, blk, chain),)) if chain else Block((If(cond, blk),)))
+        return list(chain.body) if chain else []
+
+    def merge(self, depth, v, points, iters, st):
+        """Two-pointer co-iteration, one while-loop per lattice point (as a for(;;))."""
+        out = self._ranges(st, iters)
+        for p in points:
+            if not p.iterators:
+                continue
+            its = sorted(p.iterators)
+            k = {t: st.level_at[t] for t in its}
+            inside = []
+            for t in its:
+                inside.append(Decl("int64_t", f"c{t}", Cast("int64_t", _C(f"crd{t}_{k[t]}")[_C(f"q{t}_{k[t]}")])))
+            m = _C(f"c{its[0]}")
+            for t in its[1:]:
+                m = Call("SCORCH_MIN", (m, _C(f"c{t}")))
+            inside.append(Decl("int64_t", v, m))
+            inside += self._cases(depth, v, points, st, lambda t: _C(f"c{t}").eq(_C(v)), p.iterators)
+            inside += [Assign(_C(f"q{t}_{k[t]}"), Cast("int64_t", _C(f"c{t}").eq(_C(v))), "+=") for t in its]
+            cond = None
+            for t in its:
+                c = _C(f"q{t}_{k[t]}").lt(_C(f"e{t}_{k[t]}"))
+                cond = c if cond is None else Bin("&&", cond, c)
+            out.append(Forever(Block((If(cond, Block(tuple(inside)), Block((Break(),))),))))
+        return out
+
+    def dense_merge(self, depth, v, points, iters, st):
+        """A dense loop over v; each iterator is consumed when its coordinate equals v."""
+        out = self._ranges(st, iters)
+        k = {t: st.level_at[t] for t in iters}
+        inside = []
+        for t in sorted(iters):
+            q, e, crd = _C(f"q{t}_{k[t]}"), _C(f"e{t}_{k[t]}"), _C(f"crd{t}_{k[t]}")
+            inside.append(Decl("int", f"h{t}", Bin("&&", q.lt(e), Cast("int64_t", crd[q]).eq(_C(v)))))
+        inside += self._cases(depth, v, points, st, lambda t: _C(f"h{t}"), iters)
+        inside += [Assign(_C(f"q{t}_{k[t]}"), _C(f"h{t}"), "+=") for t in sorted(iters)]
+        out.append(For(v, Const(0), self.var_size(v), Block(tuple(inside))))
+        return out
+
+    # -------------------------------------------------------------- writes
+    def target(self, st):
+        if self.s.output[0] == "pattern":
+            return _C("outp")[st.pos[self.s.output[1]]]
+        return _C("outp")[self.linear(self.ein.output)]
+
+    def value(self, e, st):
+        if isinstance(e, Access):
+            return st.loaded[e.operand]
+        if isinstance(e, Neg):
+            return Const(0.0) - self.value(e.a, st)
+        if isinstance(e, Zero):
+            return Const(0.0)
+        a, b = self.value(e.a, st), self.value(e.b, st)
+        if e.op in ("max", "min"):
+            return Call(("fmax" if e.op == "max" else "fmin") + ("f" if self.vtype == "float" else ""), (a, b))
+        return Bin(e.op, a, b)
+
+    def maybe_acc_start(self, depth, st):
+        """A register accumulator once every output index is bound and only reductions remain."""
+        s = self.s
+        if self.phase != "compute" or self.acc_depth is not None or depth >= len(s.loop_order) - 1:
+            return []
+        if not all(i in st.bound for i in self.ein.output):
+            return []
+        self.acc_depth = depth
+        return [Decl(self.vtype, "acc", Const(0.0))]
+
+    def maybe_acc_end(self, depth, st):
+        if self.acc_depth != depth:
+            return []
+        self.acc_depth = None
+        return [Assign(self.target(st), _C("acc"), "+=")]
+
+    def leaf(self, expr, st):
+        val = self.value(expr, st)
+        if self.phase == "compute":
+            if self.acc_depth is not None:
+                return [Assign(_C("acc"), val, "+=")]
+            return [Assign(self.target(st), val, "+=")]
+        c = _C(self.ein.output[-1])
+        first = Bin("!=", _C("mark")[c], _C("row"))
+        if self.phase == "count":
+            return [If(first, Block((Assign(_C("mark")[c], _C("row")), Assign(_C("cnt"), Const(1), "+="))))]
+        return [If(first, Block((Assign(_C("mark")[c], _C("row")), Assign(_C("lst")[_C("len")], c),
+                                 Assign(_C("len"), Const(1), "+="), Assign(_C("w")[c], Const(0.0))))),
+                Assign(_C("w")[c], val, "+=")]
+
+    def row_start(self, st):
+        if self.phase == "compute":
+            return []
+        row = [Decl("int64_t", "row", self.linear(self.rows))]
+        return row + [Decl("int64_t", "cnt" if self.phase == "count" else "len", Const(0))]
+
+    def row_end(self, st):
+        if self.phase == "count":
+            return [Assign(_C("counts")[_C("row")], _C("cnt"))]
+        if self.phase != "fill":
+            return []
+        base = _C("rowpos")[_C("row")]
+        c = _C("lst")[_C("m")]
+        emit = Block((Assign(_C("out_crd")[base + _C("m")], c), Assign(_C("out")[base + _C("m")], _C("w")[c])))
+        return [Assign(_C("len"), Call("scorch_sort", (_C("lst"), _C("len")))), For("m", Const(0), _C("len"), emit)]
+
+    # -------------------------------------------------------------- threads
+    def parallelise(self, loop: For, iters):
+        """Split the outermost loop's range across threads, by nonzeros where a compressed
+        level sits right below a dense outer loop."""
+        s, lo, hi = self.s, loop.lo, loop.hi
+        balance = None
+        if not iters:
+            for t, op in enumerate(s.operands):
+                if op.sparse and t in self.used and len(op.fmt.levels) > 1 and op.fmt.levels[0].kind == "dense" \
+                        and op.level_vars()[0] == loop.var and op.fmt.levels[1].kind == "compressed":
+                    balance = t
+                    break
+        if balance is not None:
+            pos = _C(f"pos{balance}_1")
+            wide = Const(1 if s.operands[balance].index_ctype == "int64_t" else 0)
+            total = Cast("int64_t", pos[hi])
+
+            def bound(k):
+                return Call("scorch_lower_bound", (pos, wide, hi, Bin("/", total * k, _C("nthr"))))
+            decls = [Decl("int64_t", "lo_t", bound(_C("tid"))), Decl("int64_t", "hi_t", bound(_C("tid") + Const(1))),
+                     If(_C("tid").eq(_C("nthr") - Const(1)), Block((Assign(_C("hi_t"), hi),)))]
+        else:
+            n = Bin("-", hi, lo)
+            decls = [Decl("int64_t", "lo_t", lo + Bin("/", n * _C("tid"), _C("nthr"))),
+                     Decl("int64_t", "hi_t", lo + Bin("/", n * (_C("tid") + Const(1)), _C("nthr")))]
+        return decls + [For(loop.var, _C("lo_t"), _C("hi_t"), loop.body, loop.simd, loop.reduction)]
+
+
+def _present(expr) -> set:
+    return {a.operand for a in accesses(expr)}
+
+
+def lower(schedule: Schedule, vtype: str, phase: str = "compute") -> Kernel:
+    """Lower ``schedule`` to a kernel computing in ``vtype`` ("float" or "double").
+
+    ``phase``: "compute" (dense or pattern output), or "count" / "fill" (the two
+    passes of an assembled sparse output)."""
+    return _Lowerer(schedule, vtype, phase).lower()

@@ -1,0 +1,208 @@
+"""Index notation + operand formats -> a schedule.
+
+Owns the decisions: the loop order (concordant with every sparse operand's
+level order; an operand that cannot agree is re-formatted and the plan says
+so), the output (dense; sparse in an operand's own pattern; or a new sparse
+pattern assembled row by row through a workspace), and how the outer loop is
+split across threads.  Hands a :class:`Schedule` to lowering.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..format import Format, compressed, preset
+from .lattice import lattice
+from .notation import Access, Einsum, Op, Zero, accesses, product, without
+
+
+@dataclass(frozen=True)
+class Operand:
+    """What the compiler needs to know about one operand (no data)."""
+    indices: str                 # index letter per logical dim
+    fmt: Format | None           # None: a dense strided tensor
+    index_ctype: str = "int32_t"
+    unit_stride: bool = True     # dense: innermost dim has stride 1
+
+    @property
+    def sparse(self) -> bool:
+        return self.fmt is not None
+
+    def level_vars(self) -> tuple:
+        """The loop variable each level walks (blocked dims split into var_o / var_i)."""
+        f = self.fmt
+        n = f.ndim
+        out = []
+        for d in f.order:
+            if f.block:
+                out.append(f"{self.indices[d]}_o" if d < n else f"{self.indices[d - n]}_i")
+            else:
+                out.append(self.indices[d])
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    einsum: Einsum
+    expr: object                 # index-notation expression over Access(operand, indices)
+    operands: tuple              # Operand, after any re-formatting
+    loop_order: tuple            # loop variables, outer to inner
+    splits: tuple                # (var, outer_var, inner_var, block) for blocked indices
+    output: tuple                # ("dense",) | ("pattern", operand) | ("assemble",)
+    parallel: str                # "rows" (disjoint writes) | "buffers" (per-thread outputs) | "serial"
+    notes: tuple                 # human-readable decisions (re-formats, densified operands)
+
+
+def _rank(v, ops, output, first_seen):
+    """Loop-order priority among ready variables (smaller goes outer).
+
+    * a variable only dense operands use sits outermost if it is an output index
+      before every sparse output index (rows of the output: disjoint writes),
+      else innermost (contiguous, vectorisable: the K of SpMM, the R of MTTKRP);
+    * otherwise: walking a sparse level first (it filters the work), then
+      output indices in output order, then the rest.
+    """
+    base = v.split("_")[0]
+    sparse_vars = {u for op in ops if op.sparse for u in op.level_vars()}
+    if v not in sparse_vars:
+        sparse_out = [output.index(u.split("_")[0]) for u in sparse_vars if u.split("_")[0] in output]
+        if base in output and sparse_out and all(output.index(base) < k for k in sparse_out):
+            return (-1, output.index(base), first_seen[v])
+        return (9, output.find(base), first_seen[v])
+    iterates = any(op.sparse and v in op.level_vars() and
+                   op.fmt.levels[op.level_vars().index(v)].kind != "dense" for op in ops)
+    in_out = base in output
+    return (0 if iterates else 1 if in_out else 2, output.find(base) if in_out else 0, first_seen[v])
+
+
+def _order_vars(ops, output: str, all_vars, first: tuple = ()):
+    """A loop order obeying each sparse operand's level order, with the variables in
+    ``first`` outermost in that order; None if there is none."""
+    before: dict = {v: set() for v in all_vars}
+    for op in ops:
+        if op.sparse:
+            lv = op.level_vars()
+            for a, b in zip(lv, lv[1:]):
+                before[b].add(a)
+    for k, v in enumerate(first):
+        before[v] |= set(first[:k])
+        for u in all_vars:
+            if u not in first:
+                before[u].add(v)
+    order, placed = [], set()
+    first_seen = {v: k for k, v in enumerate(all_vars)}
+    while len(order) < len(all_vars):
+        ready = [v for v in all_vars if v not in placed and before[v] <= placed]
+        if not ready:
+            return None
+        v = min(ready, key=lambda u: _rank(u, ops, output, first_seen))
+        order.append(v)
+        placed.add(v)
+    return tuple(order)
+
+
+def _denominators(e) -> set:
+    if isinstance(e, Op):
+        inner = _denominators(e.a) | _denominators(e.b)
+        return inner | ({a.operand for a in accesses(e.b)} if e.op == "/" else set())
+    return _denominators(e.a) if hasattr(e, "a") else set()
+
+
+def _unique_compressed(op: Operand) -> Operand:
+    """The operand re-formatted so it can be co-iterated: unblocked, and compressed
+    (unique, ordered) wherever it is not dense, in the same mode order."""
+    if op.fmt.block:
+        return Operand(op.indices, preset("csr", len(op.indices)), op.index_ctype)
+    levels = tuple(lv if lv.kind == "dense" else compressed for lv in op.fmt.levels)
+    return Operand(op.indices, Format(levels, op.fmt.order), op.index_ctype)
+
+
+def make_schedule(einsum: Einsum, operands, out_format: str, expr=None) -> Schedule:
+    """``out_format``: "dense" forces a dense result; "auto" infers it (see :func:`_output`)."""
+    expr = product(einsum) if expr is None else expr
+    ops = list(operands)
+    notes = []
+    for k in sorted(_denominators(expr)):
+        if ops[k].sparse:
+            ops[k] = Operand(ops[k].indices, None)
+            notes.append(f"operand {k} densified: it divides, and x/0 is not zero")
+    # Co-iteration needs unique compressed levels (no singleton / padded / blocks).
+    for v in dict.fromkeys("".join(einsum.inputs)):
+        users = [k for k, op in enumerate(ops) if op.sparse and v in op.indices]
+        if len(users) > 1:
+            for k in users:
+                new = _unique_compressed(ops[k])
+                if new.fmt != ops[k].fmt:
+                    notes.append(f"operand {k} re-formatted {ops[k].fmt} -> {new.fmt} to co-iterate over {v!r}")
+                    ops[k] = new
+    splits = {}
+    for op in ops:
+        if op.sparse and op.fmt.block:
+            for d, b in enumerate(op.fmt.block):
+                splits[op.indices[d]] = (op.indices[d], f"{op.indices[d]}_o", f"{op.indices[d]}_i", b)
+    all_vars = []
+    for v in dict.fromkeys("".join(einsum.inputs)):
+        all_vars += [splits[v][1], splits[v][2]] if v in splits else [v]
+
+    output, rows = _output(einsum, expr, ops, out_format)
+    order = _order_vars(ops, einsum.output, all_vars, rows)
+    if order is None and rows:  # re-order operands whose levels put another index before the rows
+        for k, op in enumerate(ops):
+            if op.sparse and not op.fmt.block:
+                dims = [op.indices[d] for d in op.fmt.order]
+                want = sorted(dims, key=lambda c: (rows.index(c) if c in rows else len(rows), dims.index(c)))
+                if want != dims:
+                    order_k = tuple(op.indices.index(c) for c in want)
+                    ops[k] = Operand(op.indices, Format(op.fmt.levels, order_k), op.index_ctype)
+                    notes.append(f"operand {k} re-formatted to mode order {order_k} so output rows are outermost")
+        order = _order_vars(ops, einsum.output, all_vars, rows)
+    if order is None and rows:
+        notes.append("no loop order puts the output rows outermost: result assembled densely")
+        output, rows = ("dense",), ()
+        order = _order_vars(ops, einsum.output, all_vars)
+    if order is None:  # no concordant order: re-format the last sparse operand to follow the others
+        k = [j for j, op in enumerate(ops) if op.sparse][-1]
+        rest = _order_vars([op for j, op in enumerate(ops) if j != k], einsum.output, all_vars)
+        want = tuple(ops[k].indices.index(v) for v in rest if v in ops[k].indices)
+        notes.append(f"operand {k} re-formatted to mode order {want} to make the loop order concordant")
+        ops[k] = Operand(ops[k].indices, Format(ops[k].fmt.levels, want), ops[k].index_ctype)
+        order = _order_vars(ops, einsum.output, all_vars, rows)
+    return Schedule(einsum, expr, tuple(ops), order, tuple(splits.values()), output,
+                    _parallel(einsum, expr, ops, order, output), tuple(notes))
+
+
+def _output(einsum, expr, ops, out_format):
+    """Sparse iff the result is zero wherever every sparse operand is absent, each output
+    index is an index of a sparse operand, and -- with one sparse operand -- the output keeps
+    all of its indices (SDDMM, A * X stay sparse; SpMV, SpMM, A^T x, TTV give dense results).
+    Several sparse operands (SpGEMM, A + B, A * B) give an assembled sparse result."""
+    out = einsum.output
+    sparse = [k for k, op in enumerate(ops) if op.sparse]
+    if out_format == "dense" or not out or not sparse:
+        return ("dense",), ()
+    if not isinstance(without(expr, frozenset(sparse)), Zero):
+        return ("dense",), ()
+    if not all(any(c in ops[k].indices for k in sparse) for c in out):
+        return ("dense",), ()
+    if any(ops[k].fmt.block for k in sparse):
+        return ("dense",), ()  # blocked operands split their indices: no row-wise assembly yet
+    if len(sparse) == 1:  # sparse x dense: sparse only where nothing is contracted away (SDDMM, A * X)
+        return (("pattern", sparse[0]) if ops[sparse[0]].indices == out else ("dense",)), ()
+    return ("assemble",), tuple(out[:-1])
+
+
+def _parallel(einsum, expr, ops, order, output) -> str:
+    if not order:
+        return "serial"
+    first = order[0]
+    at_first = frozenset(k for k, op in enumerate(ops) if op.sparse and op.level_vars()[0] == first
+                         and op.fmt.levels[0].kind != "dense" and any(a.operand == k for a in accesses(expr)))
+    if len(lattice(expr, at_first)) > 1 or len(at_first) > 1:
+        return "serial"  # a merge at the outermost loop: not split yet
+    if output[0] == "assemble":
+        return "rows" if len(einsum.output) > 1 else "serial"
+    if output[0] == "pattern":
+        op = ops[output[1]]
+        return "rows" if op.level_vars()[0] == first else "serial"
+    nonunique = any(not ops[k].fmt.levels[0].unique for k in at_first)
+    return "rows" if first.split("_")[0] in einsum.output and not nonunique else "buffers"

@@ -1,0 +1,178 @@
+"""The compiler: generated kernels against torch.einsum on dense operands (the oracle)."""
+
+import pytest
+import torch
+
+import scorch
+from scorch.compiler import build
+from scorch.compiler.notation import parse
+
+needs_cc = pytest.mark.skipif(not build.have_compiler(), reason="no C compiler")
+
+
+def rnd(*shape, density=0.3, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g, dtype=dtype)
+    return x * (torch.rand(*shape, generator=g) < density)
+
+
+def dense_of(x):
+    return x.to_dense() if isinstance(x, scorch.SparseTensor) else x
+
+
+def check(eq, *ops, sparse_out=None, **kw):
+    want = torch.einsum(eq, *[dense_of(o) for o in ops])
+    plan = scorch.explain(eq, *ops, **kw)
+    got = scorch.einsum(eq, *ops, **kw)
+    assert plan.backend == "generated C" and "void kernel" in plan.source and plan.kernels
+    if sparse_out is not None:
+        assert isinstance(got, scorch.SparseTensor) == sparse_out
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(dense_of(got), want, rtol=1e-10 if want.dtype == torch.float64 else 1e-4,
+                               atol=1e-10 if want.dtype == torch.float64 else 1e-4)
+    return plan
+
+
+# ------------------------------------------------------------------ notation
+
+def test_parse_explicit_implicit_and_ellipsis():
+    e = parse("ij,jk->ik", [(2, 3), (3, 4)])
+    assert e.inputs == ("ij", "jk") and e.output == "ik" and e.size == {"i": 2, "j": 3, "k": 4}
+    assert e.reduced == "j"
+    assert parse("ij,jk", [(2, 3), (3, 4)]).output == "ik"
+    assert parse("ba,ab", [(2, 3), (3, 2)]).output == ""
+    e = parse("...ij,...jk->...ik", [(5, 2, 3), (5, 3, 4)])
+    assert e.inputs == ("Zij", "Zjk") and e.output == "Zik"
+
+
+@pytest.mark.parametrize("eq,shapes,match", [
+    ("ij,jk->ik", [(2, 3)], "2 operand terms but 1 operands"),
+    ("ij,jk->ik", [(2, 3), (4, 4)], "index 'j' has size 3"),
+    ("ij->iz", [(2, 3)], "output index 'z' appears in no operand"),
+    ("ij->ii", [(2, 2)], "output index repeats"),
+    ("i1->i", [(2, 3)], "invalid index character '1'"),
+    ("ijk->i", [(2, 3)], "operand 0 has 2 dims but its term"),
+    ("ij->i->j", [(2, 3)], "more than one '->'"),
+])
+def test_parse_errors_name_the_problem(eq, shapes, match):
+    with pytest.raises(ValueError, match=match):
+        parse(eq, shapes)
+
+
+# ------------------------------------------------------------------ kernels
+
+FORMATS_2D = ["csr", "csc", "coo", "dcsr", "dcsc", "ell", scorch.formats.bsr(2, 3), scorch.formats.bsc(2, 1), "dense"]
+
+
+@needs_cc
+@pytest.mark.parametrize("fmt", FORMATS_2D, ids=str)
+def test_spmv_spmm_sddmm_every_2d_format(fmt):
+    A = scorch.as_sparse(rnd(6, 9), fmt)
+    check("ij,j->i", A, rnd(9, density=1, seed=1))
+    check("ij,jk->ik", A, rnd(9, 5, density=1, seed=2))
+    check("ij,i->j", A, rnd(6, density=1, seed=3))
+    check("ij,ik,jk->ij", A, rnd(6, 4, density=1, seed=4), rnd(9, 4, density=1, seed=5),
+          sparse_out=not A.format.block)
+    check("ij,ij->ij", A, rnd(6, 9, density=1, seed=6))
+    check("ij->", A)
+    check("ij->j", A)
+
+
+@needs_cc
+def test_spmm_plan_is_row_parallel_with_k_innermost():
+    plan = check("ij,jk->ik", scorch.as_sparse(rnd(30, 20), "csr"), rnd(20, 16, density=1))
+    assert plan.loop_order == ("i", "j", "k") and plan.parallel == "rows" and plan.output_format == "dense"
+    assert "#pragma omp simd" in plan.source and "scorch_lower_bound" in plan.source
+
+
+@needs_cc
+def test_sddmm_keeps_the_pattern():
+    A = scorch.as_sparse(rnd(7, 8), "csr")
+    out = scorch.einsum("ij,ik,jk->ij", A, rnd(7, 3, density=1), rnd(8, 3, density=1))
+    assert isinstance(out, scorch.SparseTensor) and out.format == A.format and out.nnz == A.nnz
+    assert out.crd(1) is A.crd(1)  # index arrays are shared, only values are new
+
+
+@needs_cc
+@pytest.mark.parametrize("eq,shapes,sparse_arg,fmt", [
+    ("ijk,jr,kr->ir", [(4, 5, 6), (5, 3), (6, 3)], 0, "csf"),     # MTTKRP
+    ("ijk,k->ij", [(4, 5, 6), (6,)], 0, "csf"),                    # TTV
+    ("ijk,kl->ijl", [(4, 5, 6), (6, 2)], 0, "coo"),                # TTM
+    ("bij,bjk->bik", [(3, 4, 5), (3, 5, 2)], 0, "csr"),           # batched SpMM
+    ("bnd,bn->bd", [(6, 4, 3), (6, 4)], 1, "csr"),                # MoE gating
+    ("ij,jk->ik", [(5, 6), (6, 4)], 1, "csr"),                    # dense x sparse
+    ("ijk->", [(3, 4, 5)], 0, "csf"),
+    ("ijkl,l->ijk", [(2, 3, 4, 5), (5,)], 0, "csf"),              # 4-d
+    ("ijkl,jl->ik", [(2, 3, 4, 5), (3, 5)], 0, "coo"),
+])
+def test_tensor_kernels(eq, shapes, sparse_arg, fmt):
+    ops = [rnd(*s, density=0.4 if k == sparse_arg else 1, seed=k) for k, s in enumerate(shapes)]
+    ops[sparse_arg] = scorch.as_sparse(ops[sparse_arg], fmt)
+    check(eq, *ops)
+
+
+@needs_cc
+def test_torch_einsum_and_torch_sparse_operands_route_to_scorch():
+    A = rnd(5, 6)
+    X = rnd(6, 3, density=1)
+    for t in [A.to_sparse_csr(), A.to_sparse(), A.to_sparse_csc()]:
+        got = scorch.einsum("ij,jk->ik", t, X)
+        torch.testing.assert_close(got, A @ X)
+    S = scorch.as_sparse(A, "csr")
+    torch.testing.assert_close(torch.einsum("ij,jk->ik", S, X), A @ X)   # plain torch.einsum
+    torch.testing.assert_close(torch.einsum("ij,jk->ik", [S, X]), A @ X)  # list form
+
+
+@needs_cc
+def test_dtypes_and_broadcasting():
+    A = scorch.as_sparse(rnd(5, 6, dtype=torch.float32), "csr")
+    check("ij,jk->ik", A, rnd(6, 3, density=1, dtype=torch.float32))
+    out = scorch.einsum("ij,jk->ik", A.to(torch.bfloat16), rnd(6, 3, density=1).to(torch.bfloat16))
+    assert out.dtype == torch.bfloat16
+    check("ij,jk->ik", A.double(), rnd(1, 3, density=1))               # size-1 dim broadcast
+    check("ij,jk->ik", A.double(), rnd(3, 6, density=1).t())           # non-contiguous dense operand
+    check("ij,jk->ik", A.double(), rnd(6, 3, density=1), format="csr")  # format= asks for sparse out
+
+
+@needs_cc
+def test_empty_and_zero_size():
+    check("ij,jk->ik", scorch.as_sparse(torch.zeros(4, 5, dtype=torch.float64), "csr"), rnd(5, 3, density=1))
+    check("ij,jk->ik", scorch.as_sparse(torch.zeros(0, 5, dtype=torch.float64), "csr"), rnd(5, 3, density=1))
+    check("ij,jk->ik", scorch.as_sparse(torch.zeros(4, 0, dtype=torch.float64), "csr"), rnd(0, 3, density=1))
+    check("ij,jk->ik", scorch.as_sparse(rnd(4, 5), "coo"), rnd(5, 0, density=1))
+
+
+@needs_cc
+@pytest.mark.parametrize("fa,fb", [("csr", "csr"), ("csr", "coo"), ("dcsr", "csc"), ("ell", "csr")])
+def test_spgemm_assembles_a_sparse_result(fa, fb):
+    A, B = scorch.as_sparse(rnd(7, 6), fa), scorch.as_sparse(rnd(6, 9, seed=1), fb)
+    plan = check("ij,jk->ik", A, B, sparse_out=True)
+    assert "assembled" in plan.output_format and plan.parallel == "rows"
+    C = scorch.einsum("ij,jk->ik", A, B)
+    assert C.format == scorch.formats.csr
+    want = (A.to_dense() @ B.to_dense())
+    # the pattern is the structural product: every stored entry comes from some A[i,j] * B[j,k]
+    struct = (A.to_dense() != 0).double() @ (B.to_dense() != 0).double()
+    assert C.nnz == int((struct != 0).sum())
+    torch.testing.assert_close(C.to_dense(), want)
+
+
+@needs_cc
+@pytest.mark.parametrize("fa,fb", [("csr", "csr"), ("coo", "dcsr"), ("csc", "csc"), ("ell", "coo")])
+def test_sparse_times_sparse_elementwise_is_the_intersection(fa, fb):
+    a, b = rnd(8, 9), rnd(8, 9, seed=1)
+    A, B = scorch.as_sparse(a, fa), scorch.as_sparse(b, fb)
+    plan = check("ij,ij->ij", A, B, sparse_out=True)
+    C = scorch.einsum("ij,ij->ij", A, B)
+    assert C.nnz == int(((a != 0) & (b != 0)).sum())
+    assert "{T0,T1}" in str(plan) or plan.loop_order == ("i", "j") or plan.loop_order == ("j", "i")
+
+
+def test_bad_einsum_input():
+    A = scorch.as_sparse(rnd(3, 3), "csr")
+    with pytest.raises(TypeError, match="operand 1 must be a tensor"):
+        scorch.einsum("ij,j->i", A, [1, 2, 3])
+    with pytest.raises(ValueError, match="index 'j' has size 3"):
+        scorch.einsum("ij,j->i", A, torch.ones(4))
+    with pytest.raises(NotImplementedError, match="dtype torch.int64"):
+        scorch.einsum("ij,j->i", A.to(torch.int64), torch.ones(3, dtype=torch.int64))
