@@ -147,6 +147,10 @@ class Format:
         object.__setattr__(self, "levels", levels)
         object.__setattr__(self, "order", order)
         object.__setattr__(self, "block", block)
+        object.__setattr__(self, "_hash", hash((levels, order, block)))
+
+    def __hash__(self) -> int:  # cached: formats key the kernel caches on every call
+        return self._hash
 
     @property
     def ndim(self) -> int:

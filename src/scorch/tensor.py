@@ -44,17 +44,21 @@ class SparseTensor(torch.Tensor):
         self = torch.Tensor._make_wrapper_subclass(
             cls, shape, dtype=values.dtype, device=values.device, requires_grad=requires_grad)
         self._format = fmt
+        self._shape = tuple(shape)  # plain tuple: internal code reads it without a torch-function hop
         self._set_storage(tuple(pos), tuple(crd), values, nnz)
         return self
 
     def _set_storage(self, pos, crd, values, nnz=None):
-        self._pos, self._crd, self._values = pos, crd, values
+        # Contiguous storage is an invariant: kernels take raw pointers to these arrays.
+        contig = lambda t: None if t is None else t.contiguous()  # noqa: E731
+        self._pos, self._crd = tuple(map(contig, pos)), tuple(map(contig, crd))
+        self._values = values.contiguous()
         self._nnz = self._count_nnz() if nnz is None else nnz
 
     def _count_nnz(self) -> int:
         # Only a padded level stores unused slots; each hides all positions below it.
         below = 1
-        sizes = self._format.level_sizes(self.shape)
+        sizes = self._format.level_sizes(self._shape)
         for k in reversed(range(len(sizes))):
             if self._format.levels[k].kind == "padded":
                 return self._values.numel() - int((self._crd[k] < 0).sum()) * below
@@ -65,7 +69,7 @@ class SparseTensor(torch.Tensor):
         """A new SparseTensor sharing whatever is not replaced (pass ``nnz`` when the
         pattern is unchanged, to skip recounting)."""
         return SparseTensor(
-            self._format if fmt is None else fmt, self.shape if shape is None else shape,
+            self._format if fmt is None else fmt, self._shape if shape is None else shape,
             self._pos if pos is None else pos, self._crd if crd is None else crd,
             self._values if values is None else values, nnz=nnz)
 
@@ -82,6 +86,12 @@ class SparseTensor(torch.Tensor):
     def density(self) -> float:
         n = self.numel()
         return self._nnz / n if n else 0.0
+
+    def _crd_dtype(self):
+        for t in self._crd:
+            if t is not None:
+                return t.dtype
+        return None
 
     @property
     def index_dtype(self) -> torch.dtype:
@@ -110,13 +120,13 @@ class SparseTensor(torch.Tensor):
 
     # ------------------------------------------------------------ conversions
     def to_dense(self, dtype=None, *, masked_grad=None) -> torch.Tensor:
-        out = convert.to_dense(self._format, self.shape, self._pos, self._crd, self._values)
+        out = convert.to_dense(self._format, self._shape, self._pos, self._crd, self._values)
         return out if dtype is None else out.to(dtype)
 
     def coo(self):
         """``(indices, values)``: the ``ndim x nnz`` int64 coordinates of the stored
         entries (in the format's level order) and their values."""
-        return convert.coords_of(self._format, self.shape, self._pos, self._crd, self._values)
+        return convert.coords_of(self._format, self._shape, self._pos, self._crd, self._values)
 
     def asformat(self, format, *, index_dtype=None) -> "SparseTensor":
         """This tensor in another format (``self`` if nothing changes).
