@@ -10,7 +10,7 @@ import torch
 import scorch
 
 
-@pytest.mark.parametrize("name", ["float32", "int64", "Tensor", "randn", "zeros", "matmul", "optim",
+@pytest.mark.parametrize("name", ["float32", "int64", "Tensor", "randn", "zeros", "stack", "optim",
                                   "sparse", "autograd", "no_grad", "Size", "manual_seed", "cat", "linalg"])
 def test_torch_names_pass_through(name):
     assert getattr(scorch, name) is getattr(torch, name)

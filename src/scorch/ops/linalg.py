@@ -7,6 +7,7 @@ import torch
 from .._dispatch import implements
 from ..compiler import einsum
 from ..errors import ScorchValueError
+from ..interop import is_sparse
 
 _BATCH = "abcdefgh"
 
@@ -38,6 +39,8 @@ def matmul(a, b):
     >>> (A @ torch.ones(2, 3)).shape
     torch.Size([2, 3])
     """
+    if not (is_sparse(a) or is_sparse(b)):
+        return torch.matmul(a, b)
     return einsum(_equation(a.dim(), b.dim()), a, b)
 
 
