@@ -139,21 +139,30 @@ def _plan(equation: str, ops, format, expr=None) -> tuple:
                   if isinstance(x, SparseTensor) else Operand(t, None, unit_stride=(x.dim() == 0 or x.stride(-1) == 1))
                   for t, x in zip(terms, ops))
     out_mode = "dense" if format == "dense" else "auto"
-    key = (ein.inputs, ein.output, str(expr), specs, vtype, out_mode)
-    plan = _PLANS.get(key)
+    key = (ein.inputs, ein.output, str(expr), specs, out_mode)
+    sched = _SCHEDULES.get(key)
+    if sched is None:
+        sched = _SCHEDULES[key] = make_schedule(ein, specs, out_mode, expr)
+    static = {}
+    if sched.row_workspace and size[sched.row_workspace[0]] <= _MAX_STATIC_ROW:
+        static[sched.row_workspace[0]] = size[sched.row_workspace[0]]
+    pkey = (key, vtype, tuple(static.items()))
+    plan = _PLANS.get(pkey)
     if plan is None:
-        plan = _make_plan(ein, specs, vtype, out_mode, expr)
-        _PLANS[key] = plan
+        plan = _PLANS[pkey] = _make_plan(ein, sched, vtype, static)
     return plan, ein, ops, out_dtype, cdtype
 
 
-def _make_plan(ein, specs, vtype, out_mode, expr) -> Plan:
-    sched = make_schedule(ein, specs, out_mode, expr)
+_SCHEDULES: dict = {}
+_MAX_STATIC_ROW = 1024  # longest output row kept in a local (register/L1) workspace
+
+
+def _make_plan(ein, sched, vtype, static) -> Plan:
     if sched.output[0] == "assemble":
         kernels = (lower(sched, vtype, "count"), lower(sched, vtype, "fill"))
         out_fmt = f"sparse, {preset('csr', len(ein.output))} assembled through a dense workspace"
     else:
-        kernels = (lower(sched, vtype),)
+        kernels = (lower(sched, vtype, static=static),)
         out_fmt = "dense" if sched.output[0] == "dense" else f"sparse, pattern of operand {sched.output[1]}"
     return Plan(str(ein), sched.loop_order, out_fmt, sched.parallel, sched.notes, codegen.render(*kernels),
                 schedule=sched, kernels=kernels)
@@ -241,6 +250,7 @@ class _Bound:
     out_dtype: torch.dtype
     pattern: int | None
     format: object
+    alloc: object = torch.zeros
 
     @staticmethod
     def make(equation, ops, format):
@@ -278,7 +288,8 @@ class _Bound:
         copies = build.num_threads() if sched.output[0] == "dense" and sched.parallel == "buffers" else 1
         return _Bound(plan, plan.function(kernel.name), template, pointers, out_slot,
                       tuple(size[c] for c in ein.output), copies, cdtype, out_dtype,
-                      sched.output[1] if sched.output[0] == "pattern" else None, format)
+                      sched.output[1] if sched.output[0] == "pattern" else None, format,
+                      torch.empty if kernel.writes_every_output else torch.zeros)
 
     def __call__(self, ops):
         args = list(self.template)
@@ -298,7 +309,7 @@ class _Bound:
             else:  # slots of a padded level
                 args[slot] = x._crd[k].numel() // extra if extra else 0
         if self.pattern is None:
-            out = torch.zeros((self.copies,) + self.out_shape, dtype=self.cdtype)
+            out = self.alloc((self.copies,) + self.out_shape, dtype=self.cdtype)
             args[self.out_slot] = out.data_ptr()
             self.fn(*args)
             result = out.sum(0) if self.copies > 1 else out[0]
@@ -409,7 +420,8 @@ def _run(plan: Plan, ein: Einsum, ops, cdtype):
     out_shape = tuple(size[c] for c in ein.output)
     if sched.output[0] == "dense":
         copies = nthreads if sched.parallel == "buffers" else 1
-        out = torch.zeros((copies,) + out_shape, dtype=cdtype)
+        alloc = torch.empty if plan.kernels[0].writes_every_output else torch.zeros
+        out = alloc((copies,) + out_shape, dtype=cdtype)
         _call(plan, plan.kernels[0], ops, size, cdtype, {"nthreads": nthreads, "out": out})
         return out.sum(0) if copies > 1 else out[0]
     if sched.output[0] == "pattern":

@@ -192,6 +192,7 @@ class Kernel:
     name: str
     params: tuple
     body: Block
+    writes_every_output: bool = False  # assigns each dense output element once: no zero-fill needed
 
     def __str__(self):
         sig = ", ".join(f"{p.ctype} {p.name}" for p in self.params)

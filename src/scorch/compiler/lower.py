@@ -44,10 +44,14 @@ class _State:
 
 
 class _Lowerer:
-    def __init__(self, s: Schedule, vtype: str, phase: str):
-        self.s, self.vtype, self.phase, self.ein = s, vtype, phase, s.einsum
+    def __init__(self, s: Schedule, vtype: str, phase: str, static: dict):
+        self.s, self.vtype, self.phase, self.ein, self.static = s, vtype, phase, s.einsum, static
         self.split = {v: (o, i, b) for v, o, i, b in s.splits}
         self.split_parts = {o: v for v, o, _, _ in s.splits} | {i: v for v, _, i, _ in s.splits}
+        ws = s.row_workspace
+        self.ws = ws if (ws and phase == "compute" and ws[0] in static) else ()
+        self.assign_once = bool(self.ws) and s.parallel != "buffers" and all(
+            self._dense_output_loop(v) for v in s.loop_order[:self.ws[1] + 1])
         self.used = {a.operand for a in accesses(s.expr)}
         self.rows = tuple(self.ein.output[:-1]) if s.output[0] == "assemble" else ()
         self.params = self._params()
@@ -84,6 +88,8 @@ class _Lowerer:
 
     # -------------------------------------------------------------- small helpers
     def var_size(self, v: str):
+        if v in self.static:
+            return Const(self.static[v])
         if v in self.split_parts:
             o, i, b = self.split[self.split_parts[v]]
             return Const(b) if v == i else Bin("/", _C(f"n_{self.split_parts[v]}"), Const(b))
@@ -94,6 +100,13 @@ class _Lowerer:
         for idx in idxs:
             off = off * _C(f"n_{idx}") + _C(idx)
         return off
+
+    def _dense_output_loop(self, v) -> bool:
+        """``v`` is an output index that every sparse operand locates (never iterates)."""
+        if v.split("_")[0] not in self.ein.output or v in self.split_parts:
+            return False
+        return all(op.fmt.levels[op.level_vars().index(v)].kind == "dense"
+                   for op in self.s.operands if op.sparse and v in op.level_vars())
 
     def next_level(self, st, t):
         op = self.s.operands[t]
@@ -114,7 +127,7 @@ class _Lowerer:
             body = [If(_C("tid").eq(Const(0)), Block(tuple(body)))]
         name = {"count": "kernel_count", "fill": "kernel_fill"}.get(self.phase, "kernel")
         return Kernel(name, self.params, Block((Parallel(Block(tuple(self.prelude()) + tuple(body)),
-                                                         _C("nthreads")),)))
+                                                         _C("nthreads")),)), self.assign_once)
 
     def prelude(self):
         vt, s = self.vtype, self.s
@@ -182,7 +195,15 @@ class _Lowerer:
         if starts_row:
             out += self.row_start(st)
         out += self.maybe_acc_start(depth, st)
+        ws_here = self.ws and self.ws[1] == depth
+        if ws_here:
+            k, n = self.ws[0], self.var_size(self.ws[0])
+            out += [Decl(self.vtype, f"wrow[{n}]"),
+                    For(k, Const(0), n, Block((Assign(_C("wrow")[_C(k)], Const(0.0)),)), simd=True)]
         out += self.loop(depth + 1, point.expr, st)
+        if ws_here:
+            op = "=" if self.assign_once else "+="
+            out.append(For(k, Const(0), n, Block((Assign(self.target(st), _C("wrow")[_C(k)], op),)), simd=True))
         out += self.maybe_acc_end(depth, st)
         if starts_row:
             out += self.row_end(st)
@@ -322,6 +343,8 @@ class _Lowerer:
         if self.phase == "compute":
             if self.acc_depth is not None:
                 return [Assign(_C("acc"), val, "+=")]
+            if self.ws:
+                return [Assign(_C("wrow")[_C(self.ws[0])], val, "+=")]
             return [Assign(self.target(st), val, "+=")]
         c = _C(self.ein.output[-1])
         first = Bin("!=", _C("mark")[c], _C("row"))
@@ -379,9 +402,10 @@ def _present(expr) -> set:
     return {a.operand for a in accesses(expr)}
 
 
-def lower(schedule: Schedule, vtype: str, phase: str = "compute") -> Kernel:
+def lower(schedule: Schedule, vtype: str, phase: str = "compute", static: dict | None = None) -> Kernel:
     """Lower ``schedule`` to a kernel computing in ``vtype`` ("float" or "double").
 
     ``phase``: "compute" (dense or pattern output), or "count" / "fill" (the two
-    passes of an assembled sparse output)."""
-    return _Lowerer(schedule, vtype, phase).lower()
+    passes of an assembled sparse output).  ``static``: index sizes to bake in as
+    constants (the row workspace needs its length at compile time)."""
+    return _Lowerer(schedule, vtype, phase, static or {}).lower()

@@ -51,6 +51,7 @@ class Schedule:
     output: tuple                # ("dense",) | ("pattern", operand) | ("assemble",)
     parallel: str                # "rows" (disjoint writes) | "buffers" (per-thread outputs) | "serial"
     notes: tuple                 # human-readable decisions (re-formats, densified operands)
+    row_workspace: tuple = ()    # (var, depth): accumulate out[..., var] in a local row from this depth
 
 
 def _rank(v, ops, output, first_seen):
@@ -168,7 +169,24 @@ def make_schedule(einsum: Einsum, operands, out_format: str, expr=None) -> Sched
         ops[k] = Operand(ops[k].indices, Format(ops[k].fmt.levels, want), ops[k].index_ctype)
         order = _order_vars(ops, einsum.output, all_vars, rows)
     return Schedule(einsum, expr, tuple(ops), order, tuple(splits.values()), output,
-                    _parallel(einsum, expr, ops, order, output), tuple(notes))
+                    _parallel(einsum, expr, ops, order, output), tuple(notes),
+                    _row_workspace(einsum, ops, order, output))
+
+
+def _row_workspace(einsum, ops, order, output) -> tuple:
+    """A dense output whose last index is the innermost loop, walked by no sparse level, with
+    reduction loops between it and the other output indices (SpMM's k under the j loop):
+    accumulate the output row in a local workspace the compiler can keep in registers."""
+    out = einsum.output
+    if output[0] != "dense" or not out or not order or order[-1] != out[-1]:
+        return ()
+    k = out[-1]
+    if any(op.sparse and k in op.level_vars() for op in ops):
+        return ()
+    last_out = max((d for d, v in enumerate(order[:-1]) if v.split("_")[0] in out), default=-1)
+    if last_out == len(order) - 2:
+        return ()  # nothing reduced between the row and its last index: no reuse
+    return (k, last_out)
 
 
 def _output(einsum, expr, ops, out_format):
