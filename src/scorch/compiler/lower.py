@@ -175,21 +175,16 @@ class _Lowerer:
         st = st.copy()
         out = list(binds)
         st.bound.add(v)
-        for t in list(st.level_at):
-            var, kind = self.next_level(st, t)
-            if var == v and kind == "dense":
-                k = st.level_at[t]
-                out.append(Decl("int64_t", f"q{t}_{k}", st.pos[t] * self.var_size(v) + _C(v)))
-                st.pos[t], st.level_at[t] = _C(f"q{t}_{k}"), k + 1
-            elif var == v and t in present:
-                k = st.level_at[t]
-                st.pos[t], st.level_at[t] = _C(f"q{t}_{k}"), k + 1
+        for t in present:
+            k = st.level_at[t]
+            st.pos[t], st.level_at[t] = _C(f"q{t}_{k}"), k + 1
         if v in self.split_parts:
             base = self.split_parts[v]
             o, i, b = self.split[base]
             if o in st.bound and i in st.bound:
                 out.append(Decl("int64_t", base, _C(o) * Const(b) + _C(i)))
                 st.bound.add(base)
+        out += self.locate(st)
         out += self.bind_values(st, accesses(point.expr))
         starts_row = self.rows and v == self.rows[-1].split("_")[0] and all(r in st.bound for r in self.rows)
         if starts_row:
@@ -207,6 +202,19 @@ class _Lowerer:
         out += self.maybe_acc_end(depth, st)
         if starts_row:
             out += self.row_end(st)
+        return out
+
+    def locate(self, st):
+        """Advance every operand through dense levels whose variable is bound (O(1) each)."""
+        out = []
+        for t in list(st.level_at):
+            while True:
+                var, kind = self.next_level(st, t)
+                if kind != "dense" or var not in st.bound:
+                    break
+                k = st.level_at[t]
+                out.append(Decl("int64_t", f"q{t}_{k}", st.pos[t] * self.var_size(var) + _C(var)))
+                st.pos[t], st.level_at[t] = _C(f"q{t}_{k}"), k + 1
         return out
 
     def bind_values(self, st, accs):

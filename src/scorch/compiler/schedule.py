@@ -81,10 +81,11 @@ def _order_vars(ops, output: str, all_vars, first: tuple = ()):
     ``first`` outermost in that order; None if there is none."""
     before: dict = {v: set() for v in all_vars}
     for op in ops:
-        if op.sparse:
+        if op.sparse:  # a level that is walked needs every level above it bound; dense levels locate
             lv = op.level_vars()
-            for a, b in zip(lv, lv[1:]):
-                before[b].add(a)
+            for k, lev in enumerate(op.fmt.levels):
+                if lev.kind != "dense":
+                    before[lv[k]] |= set(lv[:k])
     for k, v in enumerate(first):
         before[v] |= set(first[:k])
         for u in all_vars:
@@ -161,12 +162,17 @@ def make_schedule(einsum: Einsum, operands, out_format: str, expr=None) -> Sched
         notes.append("no loop order puts the output rows outermost: result assembled densely")
         output, rows = ("dense",), ()
         order = _order_vars(ops, einsum.output, all_vars)
-    if order is None:  # no concordant order: re-format the last sparse operand to follow the others
-        k = [j for j, op in enumerate(ops) if op.sparse][-1]
-        rest = _order_vars([op for j, op in enumerate(ops) if j != k], einsum.output, all_vars)
-        want = tuple(ops[k].indices.index(v) for v in rest if v in ops[k].indices)
-        notes.append(f"operand {k} re-formatted to mode order {want} to make the loop order concordant")
-        ops[k] = Operand(ops[k].indices, Format(ops[k].fmt.levels, want), ops[k].index_ctype)
+    if order is None:  # no concordant order: re-format operands (last first) to follow the others
+        sparse = [j for j, op in enumerate(ops) if op.sparse]
+        for n_out in range(1, len(sparse) + 1):
+            moved = sparse[-n_out:]
+            rest = _order_vars([op for j, op in enumerate(ops) if j not in moved], einsum.output, all_vars, rows)
+            if rest is not None:
+                break
+        for k in moved:
+            want = tuple(ops[k].indices.index(v) for v in rest if v in ops[k].indices)
+            notes.append(f"operand {k} re-formatted to mode order {want} to make the loop order concordant")
+            ops[k] = Operand(ops[k].indices, Format(ops[k].fmt.levels, want), ops[k].index_ctype)
         order = _order_vars(ops, einsum.output, all_vars, rows)
     return Schedule(einsum, expr, tuple(ops), order, tuple(splits.values()), output,
                     _parallel(einsum, expr, ops, order, output), tuple(notes),
@@ -184,8 +190,8 @@ def _row_workspace(einsum, ops, order, output) -> tuple:
     if any(op.sparse and k in op.level_vars() for op in ops):
         return ()
     last_out = max((d for d, v in enumerate(order[:-1]) if v.split("_")[0] in out), default=-1)
-    if last_out == len(order) - 2:
-        return ()  # nothing reduced between the row and its last index: no reuse
+    if last_out < 0 or last_out == len(order) - 2:
+        return ()  # no outer row loop, or nothing reduced between the row and its last index
     return (k, last_out)
 
 
