@@ -215,6 +215,22 @@ def positions_per_level(fmt: Format, shape, crd) -> list[int]:
     return out
 
 
+def count_used(fmt: Format, shape, pos, crd) -> int:
+    """Stored entries, not counting positions under unused padded slots (ELL padding)."""
+    sizes = fmt.level_sizes(shape)
+    used = torch.ones(1, dtype=torch.bool)  # per position of the current level
+    for k, lv in enumerate(fmt.levels):
+        if lv.kind == "dense":
+            used = used.repeat_interleave(sizes[k])
+        elif lv.kind == "compressed":
+            counts = (pos[k][1:] - pos[k][:-1]).to(_I64)
+            used = used.repeat_interleave(counts, output_size=crd[k].numel())
+        elif lv.kind == "padded":
+            slots = crd[k].numel() // used.numel() if used.numel() else 0
+            used = used.repeat_interleave(slots) & (crd[k] >= 0)
+    return int(used.sum())
+
+
 def auto_index_dtype(fmt: Format, shape, crd) -> torch.dtype:
     """int32 when every coordinate and position fits, else int64."""
     biggest = max(list(fmt.level_sizes(shape)) + positions_per_level(fmt, shape, crd) + [0])

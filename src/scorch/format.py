@@ -57,6 +57,8 @@ class Level:
             raise ScorchValueError(f"Level: kind must be one of {_KINDS}, got {self.kind!r}")
         if self.kind == "dense" and not (self.ordered and self.unique):
             raise ScorchValueError("Level: a dense level is always ordered and unique")
+        if self.kind == "padded" and not self.unique:
+            raise ScorchValueError("Level: a padded level is always unique (use compressed(unique=False) for COO)")
 
     # Capabilities: the code generator asks these, never "is this CSR?".
     @property

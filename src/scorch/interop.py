@@ -119,6 +119,8 @@ def sparse_coo(indices, values, shape=None, format="coo", *, index_dtype=None) -
 
 def _index_tensor(x, arg: str) -> torch.Tensor:
     t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
+    if t.numel() == 0 and not isinstance(x, torch.Tensor):
+        t = t.to(torch.int64)  # [[], []] reads as float64 in numpy; an empty list has no dtype to check
     if t.dtype.is_floating_point or t.dtype.is_complex:
         if bool(torch.isnan(t).any()):
             raise ScorchValueError(f"{arg} contains NaN; indices must be integers")
@@ -306,7 +308,7 @@ def to_torch(A: SparseTensor) -> torch.Tensor:
     if name == "dense":
         return A.to_dense()
     v = A.values()
-    if name in ("csr", "csc"):
+    if name in ("csr", "csc") and A.dim() == 2:
         make = torch.sparse_csr_tensor if name == "csr" else torch.sparse_csc_tensor
         return _quietly(make, A.pos(1), A.crd(1), v, A.shape)
     if name.startswith(("bsr", "bsc")):
@@ -341,7 +343,7 @@ def to_scipy(A: SparseTensor):
     if A.dim() != 2:
         raise ScorchValueError(f"to_scipy: scipy.sparse holds 2-d matrices, got a {A.dim()}-d tensor")
     v = A.values().detach()
-    if v.dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds it exactly
+    if v.dtype in (torch.bfloat16, torch.float16):  # scipy.sparse has neither; float32 holds both exactly
         v = v.float()
     name = A.format.name or ""
     if name in ("csr", "csc"):
@@ -351,6 +353,6 @@ def to_scipy(A: SparseTensor):
         return sp.bsr_array((v.view(-1, *A.format.block).numpy(), A.crd(1).numpy(), A.pos(1).numpy()),
                             shape=tuple(A.shape))
     coords, vals = A.coo()
-    if vals.dtype == torch.bfloat16:
+    if vals.dtype in (torch.bfloat16, torch.float16):
         vals = vals.float()
     return sp.coo_array((vals.detach().numpy(), (coords[0].numpy(), coords[1].numpy())), shape=tuple(A.shape))

@@ -56,14 +56,9 @@ class SparseTensor(torch.Tensor):
         self._nnz = self._count_nnz() if nnz is None else nnz
 
     def _count_nnz(self) -> int:
-        # Only a padded level stores unused slots; each hides all positions below it.
-        below = 1
-        sizes = self._format.level_sizes(self._shape)
-        for k in reversed(range(len(sizes))):
-            if self._format.levels[k].kind == "padded":
-                return self._values.numel() - int((self._crd[k] < 0).sum()) * below
-            below *= sizes[k]
-        return self._values.numel()
+        if not any(lv.kind == "padded" for lv in self._format.levels):
+            return self._values.numel()
+        return convert.count_used(self._format, self._shape, self._pos, self._crd)
 
     def _like(self, fmt=None, shape=None, pos=None, crd=None, values=None, nnz=None) -> "SparseTensor":
         """A new SparseTensor sharing whatever is not replaced (pass ``nnz`` when the

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from .ir import Assign, Bin, Block, Break, Call, Cast, Const, Decl, For, Forever, If, Kernel, Param, Parallel, Var
 from .lattice import lattice, needs_every_coordinate
-from .notation import Access, Neg, Op, Zero, accesses
+from .notation import Access, Neg, Zero, accesses
 from .schedule import Schedule
 
 _C = Var

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..format import Format, compressed, preset
 from .lattice import lattice
-from .notation import Access, Einsum, Op, Zero, accesses, product, without
+from .notation import Einsum, Op, Zero, accesses, product, without
 
 
 @dataclass(frozen=True)

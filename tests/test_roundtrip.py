@@ -1,0 +1,788 @@
+"""Property tests: every way into and out of a SparseTensor preserves the dense value exactly.
+
+The oracle is always the dense torch tensor: conversions must give back the
+same values (``torch.equal``), the same dtype and the same shape, and the
+stored-entry count must match what the format stores.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import scorch
+from scorch import Format, SparseTensor, compressed, dense, padded, singleton
+from scorch.format import resolve
+
+from strategies import (
+    ALL_DTYPES, FLOAT_DTYPES, all_formats, assert_dense_equal, assert_dense_equal_nan,
+    blocked_matrices, dense_tensors, expected_nnz, fmt_id, level_formats, make_dense, matrices_with_block,
+    preset_names, seeds, shapes, tensor_and_random_format, user_formats,
+)
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Sparse (CSR|CSC|BSR|BSC) tensor support is in beta:UserWarning",
+    "ignore:Sparse invariant checks are implicitly disabled:UserWarning",
+)
+
+# ROUNDTRIP_EXAMPLES_SCALE=10 runs ten times as many examples (for a longer bug hunt).
+_SCALE = float(os.environ.get("ROUNDTRIP_EXAMPLES_SCALE", "1"))
+
+
+def examples(n: int) -> settings:
+    return settings(max_examples=max(1, int(n * _SCALE)), deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+FAST = examples(40)
+MEDIUM = examples(60)
+
+
+def check_sparse(A, x, fmt, *, check_nnz=True):
+    """``A`` is a SparseTensor holding ``x`` in ``fmt``."""
+    assert isinstance(A, SparseTensor)
+    assert A.format == resolve(fmt, x.dim())
+    assert A.shape == x.shape
+    assert A.dtype == x.dtype
+    assert A.values().dtype == x.dtype and A.values().dim() == 1
+    if check_nnz:
+        assert A.nnz == expected_nnz(A.format, x), (A.nnz, expected_nnz(A.format, x))
+    assert_dense_equal(A.to_dense(), x)
+
+
+def is_named_sparse(fmt) -> bool:
+    """A preset other than "dense": stores exactly the nonzeros of a dense tensor."""
+    return isinstance(fmt, str) and fmt != "dense"
+
+
+# ====================================================================== 1. dense -> format -> dense
+
+@MEDIUM
+@given(x=dense_tensors(1, 4), data=st.data())
+def test_dense_roundtrip_every_format(x, data):
+    block = None
+    if x.dim() == 2:
+        block = (data.draw(st.sampled_from([d for d in range(1, 4) if x.shape[0] % d == 0])),
+                 data.draw(st.sampled_from([d for d in range(1, 4) if x.shape[1] % d == 0])))
+    nonzeros = int((x != 0).sum())
+    for fmt in all_formats(x.shape, block):
+        A = scorch.as_sparse(x, fmt)
+        check_sparse(A, x, fmt)
+        if is_named_sparse(fmt):
+            assert A.nnz == nonzeros
+            assert A.density == (nonzeros / x.numel() if x.numel() else 0.0)
+        if fmt == "dense":
+            assert A.nnz == x.numel()
+
+
+@MEDIUM
+@given(case=blocked_matrices())
+def test_dense_roundtrip_bsr_bsc(case):
+    x, (bh, bw) = case
+    nblocks = int((x.reshape(x.shape[0] // bh, bh, x.shape[1] // bw, bw) != 0).any(3).any(1).sum()) \
+        if x.numel() else 0
+    for make in (scorch.formats.bsr, scorch.formats.bsc):
+        fmt = make(bh, bw)
+        A = scorch.as_sparse(x, fmt)
+        check_sparse(A, x, fmt)
+        assert A.nnz == nblocks * bh * bw
+        assert A.values().numel() == nblocks * bh * bw
+        assert A.format.name == f"{'bsr' if make is scorch.formats.bsr else 'bsc'}{bh}x{bw}"
+
+
+@MEDIUM
+@given(case=tensor_and_random_format())
+def test_dense_roundtrip_random_format(case):
+    x, fmt = case
+    A = scorch.as_sparse(x, fmt)
+    check_sparse(A, x, fmt, check_nnz=False)
+
+
+@MEDIUM
+@given(case=tensor_and_random_format())
+def test_nnz_counts_stored_entries_random_format(case):
+    x, fmt = case
+    A = scorch.as_sparse(x, fmt)
+    assert A.nnz == expected_nnz(fmt, x), (fmt, A.nnz, expected_nnz(fmt, x))
+    last = max((k for k, lv in enumerate(fmt.levels) if lv.kind != "dense"), default=-1)
+    if not fmt.block and last == len(fmt.levels) - 1:
+        assert A.nnz == int((x != 0).sum())
+
+
+PADDED_ABOVE_SPARSE = [
+    Format([dense, padded, compressed]),
+    Format([dense, padded, compressed], order=(2, 0, 1)),
+    Format([dense, padded, compressed(unique=False), singleton]),
+    Format([dense, padded, dense, compressed]),
+]
+
+
+@pytest.mark.parametrize("fmt", PADDED_ABOVE_SPARSE, ids=str)
+def test_nnz_padded_level_above_sparse_level_example(fmt):
+    # level coordinates: parent 0 of the padded level 1 has two children, parent 1 one
+    # (so it has an unused slot), parent 2 none
+    x = torch.zeros((3,) * fmt.ndim, dtype=torch.float64)
+    for lc, v in (((0, 0), 1.5), ((0, 1), -2.0), ((1, 2), 3.0)):
+        level_coords = lc + (1,) * (fmt.ndim - 2)
+        dims = [0] * fmt.ndim
+        for k, o in enumerate(fmt.order):
+            dims[o] = level_coords[k]
+        x[tuple(dims)] = v
+    A = scorch.as_sparse(x, fmt)
+    assert_dense_equal(A.to_dense(), x)
+    assert A.nnz == expected_nnz(fmt, x)
+    if fmt.levels[-1].kind != "dense":
+        assert A.nnz == int((x != 0).sum())
+
+
+@MEDIUM
+@given(data=st.data())
+def test_nnz_padded_level_above_sparse_level(data):
+    fmt = data.draw(st.sampled_from(PADDED_ABOVE_SPARSE))
+    x = data.draw(dense_tensors(fmt.ndim, fmt.ndim))
+    A = scorch.as_sparse(x, fmt)
+    assert_dense_equal(A.to_dense(), x)
+    assert A.nnz == expected_nnz(fmt, x), (A.nnz, expected_nnz(fmt, x))
+    assert 0 <= A.nnz <= A.values().numel()
+
+
+EDGE_SHAPES = [(1,), (0,), (1, 1), (0, 3), (3, 0), (0, 0), (4, 0, 2), (1, 1, 1), (2, 0, 3, 1), (1, 1, 1, 1)]
+
+
+@pytest.mark.parametrize("shape", EDGE_SHAPES, ids=str)
+@pytest.mark.parametrize("fill", ["zeros", "full", "one"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_dense_roundtrip_edge_cases(shape, fill, dtype):
+    if fill == "zeros":
+        x = torch.zeros(shape, dtype=dtype)
+    elif fill == "full":
+        x = torch.arange(1, 1 + int(np.prod(shape)), dtype=dtype).reshape(shape)
+    else:
+        x = torch.zeros(shape, dtype=dtype)
+        if x.numel():
+            x.view(-1)[x.numel() // 2] = -2.5
+    block = (1, 1) if len(shape) == 2 else None
+    for fmt in all_formats(shape, block):
+        A = scorch.as_sparse(x, fmt)
+        check_sparse(A, x, fmt)
+        if is_named_sparse(fmt):
+            assert A.nnz == int((x != 0).sum())
+        B = A.asformat("coo")
+        assert_dense_equal(B.to_dense(), x)
+
+
+@MEDIUM
+@given(x=dense_tensors(1, 4, dtypes=ALL_DTYPES))
+def test_dense_roundtrip_other_dtypes(x):
+    for fmt in preset_names(x.dim()) + user_formats(x.dim()):
+        A = scorch.as_sparse(x, fmt)
+        check_sparse(A, x, fmt)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int8, torch.uint8, torch.int16, torch.complex64])
+def test_dense_roundtrip_more_dtypes(dtype):
+    x = make_dense((5, 6), 0.4, 7, torch.int64).to(dtype)
+    for fmt in all_formats(x.shape, (1, 2)):
+        A = scorch.as_sparse(x, fmt)
+        check_sparse(A, x, fmt)
+
+
+SPECIALS = [float("nan"), float("inf"), float("-inf"), -0.0, 5e-324, -1e308, 1.0, 0.0]
+
+
+@FAST
+@given(shape=shapes(1, 3), data=st.data(), dtype=st.sampled_from([torch.float64, torch.float32, torch.float16]))
+def test_special_float_values(shape, data, dtype):
+    n = int(np.prod(shape))
+    vals = data.draw(st.lists(st.sampled_from(SPECIALS), min_size=n, max_size=n))
+    x = torch.tensor(vals, dtype=torch.float64).reshape(shape).to(dtype)
+    stored = int((x != 0).sum())  # NaN counts as nonzero, -0.0 as zero
+    for fmt in preset_names(x.dim()) + user_formats(x.dim()):
+        A = scorch.as_sparse(x, fmt)
+        assert A.dtype == dtype and A.shape == x.shape
+        assert_dense_equal_nan(A.to_dense(), x)
+        assert_dense_equal_nan(A.asformat("coo").to_dense(), x)
+        if is_named_sparse(fmt):
+            assert A.nnz == stored
+
+
+@FAST
+@given(x=dense_tensors(1, 4))
+def test_numpy_input(x):
+    for fmt in ("csr", "coo", "dense"):
+        A = scorch.as_sparse(x.numpy(), fmt)
+        check_sparse(A, x, fmt)
+
+
+# ====================================================================== 2. format -> format
+
+@examples(20)
+@given(case=matrices_with_block())
+def test_format_to_format_every_pair_2d(case):
+    x, block = case
+    fmts = all_formats(x.shape, block)
+    sources = {fmt_id(f): scorch.as_sparse(x, f) for f in fmts}
+    for f in fmts:
+        A = sources[fmt_id(f)]
+        assert A.asformat(f) is A
+        assert scorch.as_sparse(A, f) is A
+        for g in fmts:
+            B = A.asformat(g)
+            assert B.format == resolve(g, 2)
+            assert B.dtype == x.dtype and B.shape == x.shape
+            assert_dense_equal(B.to_dense(), x)
+
+
+@examples(20)
+@given(x=dense_tensors(1, 4))
+def test_format_to_format_every_pair_nd(x):
+    fmts = preset_names(x.dim()) + user_formats(x.dim())
+    for f in fmts:
+        A = scorch.as_sparse(x, f)
+        assert A.asformat(f) is A
+        for g in fmts:
+            B = scorch.as_sparse(A, g)
+            assert B.format == resolve(g, x.dim())
+            assert_dense_equal(B.to_dense(), x)
+
+
+@MEDIUM
+@given(case=tensor_and_random_format(), data=st.data())
+def test_random_format_to_random_format(case, data):
+    x, f = case
+    A = scorch.as_sparse(x, f)
+    for _ in range(3):
+        g = data.draw(st.sampled_from(["dense", "coo", "csr", "csf", "ell"] + (["csc"] if x.dim() > 1 else []))
+                      | st.just(f))
+        B = A.asformat(g)
+        assert B.format == resolve(g, x.dim())
+        assert_dense_equal(B.to_dense(), x)
+        C = B.asformat(f)
+        assert C.format == f
+        assert_dense_equal(C.to_dense(), x)
+        A = C
+
+
+@FAST
+@given(x=dense_tensors(1, 4))
+def test_asformat_same_format_returns_self(x):
+    for f in preset_names(x.dim()) + user_formats(x.dim()):
+        A = scorch.as_sparse(x, f)
+        assert A.asformat(f) is A
+        assert A.asformat(A.format) is A
+        assert A.asformat(f, index_dtype=A.index_dtype) is A
+
+
+@FAST
+@given(x=dense_tensors(1, 4), dtype=st.sampled_from(ALL_DTYPES))
+def test_clone_and_dtype_moves(x, dtype):
+    for f in ("csr", "coo", "ell", "dense"):
+        A = scorch.as_sparse(x, f)
+        C = A.clone()
+        assert isinstance(C, SparseTensor) and C.format == A.format and C.nnz == A.nnz
+        assert_dense_equal(C.to_dense(), x)
+        if C.values().numel():
+            assert C.values().data_ptr() != A.values().data_ptr()
+        D = A.to(dtype)
+        assert D.dtype == dtype and D.format == A.format
+        assert_dense_equal(D.to_dense(), x.to(dtype))
+        assert_dense_equal(A.double().to_dense(), x.double())
+        assert_dense_equal(A.float().to_dense(), x.float())
+
+
+# ====================================================================== 3. transposes / permutes
+
+@MEDIUM
+@given(case=tensor_and_random_format(), data=st.data())
+def test_permute_matches_dense(case, data):
+    x, f = case
+    A = scorch.as_sparse(x, f)
+    perm = tuple(data.draw(st.permutations(range(x.dim()))))
+    P = A.permute(perm)
+    xp = x.permute(perm)
+    assert isinstance(P, SparseTensor)
+    assert P.shape == xp.shape and P.dtype == x.dtype and P.nnz == A.nnz
+    assert_dense_equal(P.to_dense(), xp.contiguous())
+    assert_dense_equal(A.permute(*perm).to_dense(), xp.contiguous())
+    assert_dense_equal(torch.permute(A, perm).to_dense(), xp.contiguous())
+    # converting the permuted tensor materialises the permuted value
+    for g in ("csr", "coo", "dense"):
+        assert_dense_equal(P.asformat(g).to_dense(), xp.contiguous())
+    # permuting back gives the original format
+    inv = [0] * x.dim()
+    for i, p in enumerate(perm):
+        inv[p] = i
+    Q = P.permute(inv)
+    assert Q.format == A.format
+    assert_dense_equal(Q.to_dense(), x)
+
+
+@MEDIUM
+@given(case=tensor_and_random_format(), data=st.data())
+def test_transpose_matches_dense(case, data):
+    x, f = case
+    A = scorch.as_sparse(x, f)
+    n = x.dim()
+    a = data.draw(st.integers(-n, n - 1))
+    b = data.draw(st.integers(-n, n - 1))
+    T = A.transpose(a, b)
+    xt = x.transpose(a, b).contiguous()
+    assert T.shape == xt.shape
+    assert_dense_equal(T.to_dense(), xt)
+    assert_dense_equal(torch.transpose(A, a, b).to_dense(), xt)
+    assert_dense_equal(T.asformat("csr").to_dense(), xt)
+    assert_dense_equal(A.T.to_dense(), x.permute(*reversed(range(n))).contiguous())
+    if n >= 2:
+        assert_dense_equal(A.mT.to_dense(), x.transpose(-2, -1).contiguous())
+
+
+@MEDIUM
+@given(case=matrices_with_block())
+def test_t_2d_every_format(case):
+    x, block = case
+    for f in all_formats(x.shape, block):
+        A = scorch.as_sparse(x, f)
+        T = A.t()
+        assert T.shape == (x.shape[1], x.shape[0]) and T.nnz == A.nnz
+        assert_dense_equal(T.to_dense(), x.t().contiguous())
+        assert_dense_equal(torch.t(A).to_dense(), x.t().contiguous())
+        assert_dense_equal(T.asformat("csr").to_dense(), x.t().contiguous())
+        assert_dense_equal(T.asformat("csc").to_dense(), x.t().contiguous())
+        assert_dense_equal(T.to_torch().to_dense(), x.t().contiguous())
+        assert_dense_equal(T.t().to_dense(), x)
+    # csr transposed is csc of the transpose (no copy)
+    A = scorch.as_sparse(x, "csr")
+    assert A.t().format == scorch.formats.csc
+    assert A.t().values() is A.values()
+
+
+@FAST
+@given(x=dense_tensors(1, 1))
+def test_t_1d_is_identity(x):
+    A = scorch.as_sparse(x, "csr")
+    assert_dense_equal(A.t().to_dense(), x)
+
+
+# ====================================================================== 4. torch.sparse
+
+def _torch_layouts(x, block):
+    bh, bw = block
+    return {
+        "coo": x.to_sparse(),
+        "csr": x.to_sparse_csr(),
+        "csc": x.to_sparse_csc(),
+        "bsr": x.to_sparse_bsr((bh, bw)),
+        "bsc": x.to_sparse_bsc((bh, bw)),
+    }
+
+
+@MEDIUM
+@given(case=matrices_with_block(dtypes=FLOAT_DTYPES + (torch.int64,)))
+def test_from_torch_sparse_2d(case):
+    x, block = case
+    fmts = ["csr", "csc", "coo", "dcsr", "ell", "dense",
+            scorch.formats.bsr(*block), scorch.formats.bsc(*block), Format([compressed, dense])]
+    for name, t in _torch_layouts(x, block).items():
+        for f in fmts:
+            A = scorch.as_sparse(t, f)
+            assert A.format == resolve(f, 2)
+            assert A.dtype == x.dtype and A.shape == x.shape
+            assert_dense_equal(A.to_dense(), x)
+        # the default format is csr
+        assert scorch.as_sparse(t).format == scorch.formats.csr
+
+
+@MEDIUM
+@given(case=matrices_with_block())
+def test_from_torch_compressed_same_layout_keeps_nnz(case):
+    x, (bh, bw) = case
+    layouts = _torch_layouts(x, (bh, bw))
+    for name, f in (("csr", "csr"), ("csc", "csc"), ("coo", "coo"),
+                    ("bsr", scorch.formats.bsr(bh, bw)), ("bsc", scorch.formats.bsc(bh, bw))):
+        t = layouts[name]
+        A = scorch.as_sparse(t, f)
+        assert_dense_equal(A.to_dense(), x)
+        stored = t._nnz() if name == "coo" else t.values().numel()
+        assert A.values().numel() == stored
+
+
+@MEDIUM
+@given(case=matrices_with_block(dtypes=FLOAT_DTYPES + (torch.int64, torch.bfloat16)))
+def test_to_torch_every_format_2d(case):
+    x, block = case
+    expected_layout = {"dense": torch.strided, "csr": torch.sparse_csr, "csc": torch.sparse_csc}
+    for f in all_formats(x.shape, block):
+        A = scorch.as_sparse(x, f)
+        t = A.to_torch()
+        assert t.dtype == x.dtype and t.shape == x.shape
+        if isinstance(f, str):
+            assert t.layout == expected_layout.get(f, torch.sparse_coo), (f, t.layout)
+        elif f.name and f.name.startswith("bsr"):
+            assert t.layout == torch.sparse_bsr
+        elif f.name and f.name.startswith("bsc"):
+            assert t.layout == torch.sparse_bsc
+        if t.layout == torch.sparse_coo:
+            assert t.is_coalesced()
+        dense_t = t if t.layout == torch.strided else t.to_dense()
+        assert_dense_equal(dense_t, x)
+        # and back in
+        assert_dense_equal(scorch.as_sparse(t, f).to_dense(), x)
+
+
+@MEDIUM
+@given(x=dense_tensors(3, 4), name=st.sampled_from(["csr", "csc"]))
+def test_to_torch_batched_csr_csc(x, name):
+    A = scorch.as_sparse(x, name)
+    t = A.to_torch()
+    assert t.layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
+    assert t.dtype == x.dtype and t.shape == x.shape
+    assert_dense_equal(t.to_dense(), x)
+
+
+@MEDIUM
+@given(x=dense_tensors(1, 4))
+def test_to_torch_every_format_nd(x):
+    for f in preset_names(x.dim()) + user_formats(x.dim()):
+        A = scorch.as_sparse(x, f)
+        t = A.to_torch()
+        assert t.dtype == x.dtype and t.shape == x.shape
+        dense_t = t if t.layout == torch.strided else t.to_dense()
+        assert_dense_equal(dense_t, x)
+
+
+@MEDIUM
+@given(case=tensor_and_random_format())
+def test_to_torch_random_format(case):
+    x, f = case
+    A = scorch.as_sparse(x, f)
+    t = A.to_torch()
+    dense_t = t if t.layout == torch.strided else t.to_dense()
+    assert_dense_equal(dense_t, x)
+
+
+@st.composite
+def uncoalesced_coo(draw, min_dims=1, max_dims=4):
+    """``(t, shape)``: an uncoalesced torch COO tensor with duplicate, unsorted indices and
+    small-integer float64 values (sums are exact in any order)."""
+    shape = draw(shapes(min_dims, max_dims))
+    assume(all(s > 0 for s in shape))
+    nnz = draw(st.integers(0, 30))
+    g = torch.Generator().manual_seed(draw(seeds))
+    idx = torch.stack([torch.randint(0, s, (nnz,), generator=g) for s in shape]) \
+        if nnz else torch.zeros((len(shape), 0), dtype=torch.int64)
+    if nnz and draw(st.booleans()):  # force duplicates
+        idx = torch.cat([idx, idx[:, : max(1, nnz // 2)]], 1)
+    vals = torch.randint(-4, 5, (idx.shape[1],), generator=g).to(torch.float64)
+    t = torch.sparse_coo_tensor(idx, vals, shape)
+    assert not t.is_coalesced() or idx.shape[1] <= 1
+    return t, shape
+
+
+@MEDIUM
+@given(case=uncoalesced_coo())
+def test_uncoalesced_torch_coo_sums_duplicates(case):
+    t, shape = case
+    expected = t.coalesce().to_dense()
+    for f in preset_names(len(shape)) + user_formats(len(shape)):
+        A = scorch.as_sparse(t, f)
+        assert A.shape == torch.Size(shape) and A.dtype == torch.float64
+        assert_dense_equal(A.to_dense(), expected)
+    A = scorch.as_sparse(t, "coo")
+    coalesced = t.coalesce()
+    # same entries as torch's coalesce (duplicates summed, sorted, explicit zero sums kept or not)
+    idx, vals = A.coo()
+    assert idx.dtype == torch.int64 and idx.shape[0] == len(shape)
+    keep = coalesced.values() != 0
+    back = torch.sparse_coo_tensor(idx, vals, shape).coalesce()
+    assert torch.equal(back.indices()[:, back.values() != 0], coalesced.indices()[:, keep])
+    assert torch.equal(back.values()[back.values() != 0], coalesced.values()[keep])
+
+
+@MEDIUM
+@given(x=dense_tensors(2, 4), data=st.data())
+def test_hybrid_torch_coo(x, data):
+    sparse_dim = data.draw(st.integers(1, x.dim()))
+    t = x.to_sparse(sparse_dim=sparse_dim)
+    assert t.dense_dim() == x.dim() - sparse_dim
+    for f in preset_names(x.dim()) + user_formats(x.dim())[:2]:
+        A = scorch.as_sparse(t, f)
+        assert A.shape == x.shape and A.dtype == x.dtype
+        assert_dense_equal(A.to_dense(), x)
+
+
+@MEDIUM
+@given(x=dense_tensors(1, 4))
+def test_nd_torch_coo(x):
+    t = x.to_sparse()
+    for f in preset_names(x.dim()) + user_formats(x.dim()):
+        A = scorch.as_sparse(t, f)
+        check_sparse(A, x, f)
+    # uncoalesced copy of the same entries, listed backwards
+    idx, vals = t.indices(), t.values()
+    u = torch.sparse_coo_tensor(idx.flip(1), vals.flip(0), x.shape)
+    assert_dense_equal(scorch.as_sparse(u, "csr").to_dense(), x)
+
+
+@FAST
+@given(x=dense_tensors(3, 3))
+def test_batched_torch_csr(x):
+    # torch's batched CSR needs the same nnz in every batch: give each batch the same pattern
+    assume(x.shape[0] > 0)  # torch cannot make a batched CSR with no batches
+    pattern = x[0] != 0
+    x = torch.where(pattern, torch.where(x == 0, 1.0, x), 0.0)
+    t = x.to_sparse_csr()
+    for f in ("csr", "coo", "dense", "csf"):
+        A = scorch.as_sparse(t, f)
+        assert_dense_equal(A.to_dense(), x)
+
+
+# ====================================================================== 5. scipy
+
+@MEDIUM
+@given(case=matrices_with_block(dtypes=FLOAT_DTYPES + (torch.int64,)))
+def test_from_scipy(case):
+    sp = pytest.importorskip("scipy.sparse")
+    x, (bh, bw) = case
+    a = x.numpy()
+    inputs = [sp.csr_array(a), sp.csc_array(a), sp.coo_array(a), sp.bsr_array(a, blocksize=(bh, bw)),
+              sp.csr_matrix(a), sp.csc_matrix(a), sp.coo_matrix(a), sp.dok_array(a) if a.size else sp.coo_array(a)]
+    fmts = ["csr", "csc", "coo", "dense", "ell", "dcsc", scorch.formats.bsr(bh, bw), scorch.formats.bsc(bh, bw)]
+    for s in inputs:
+        for f in fmts:
+            A = scorch.as_sparse(s, f)
+            assert A.format == resolve(f, 2)
+            assert A.dtype == x.dtype and A.shape == x.shape
+            assert_dense_equal(A.to_dense(), x)
+
+
+@MEDIUM
+@given(case=uncoalesced_coo(2, 2))
+def test_from_scipy_coo_with_duplicates(case):
+    sp = pytest.importorskip("scipy.sparse")
+    t, shape = case
+    idx, vals = t._indices().numpy(), t._values().numpy()
+    expected = t.coalesce().to_dense()
+    for s in (sp.coo_array((vals, (idx[0], idx[1])), shape=shape),
+              sp.coo_matrix((vals, (idx[0], idx[1])), shape=shape)):
+        for f in ("csr", "coo", "csc", "dense"):
+            assert_dense_equal(scorch.as_sparse(s, f).to_dense(), expected)
+
+
+@MEDIUM
+@given(case=matrices_with_block(dtypes=FLOAT_DTYPES + (torch.int64,)))
+def test_to_scipy_every_format(case):
+    sp = pytest.importorskip("scipy.sparse")
+    x, block = case
+    a = x.numpy()
+    for f in all_formats(x.shape, block):
+        A = scorch.as_sparse(x, f)
+        s = A.to_scipy()
+        assert sp.issparse(s)
+        assert s.shape == a.shape and s.dtype == a.dtype
+        if f == "csr":
+            assert s.format == "csr"
+        elif f == "csc":
+            assert s.format == "csc"
+        elif not isinstance(f, str) and f.name and f.name.startswith("bsr"):
+            assert s.format == "bsr"
+        out = s.toarray()
+        assert out.dtype == a.dtype and np.array_equal(out, a)
+        # transposed tensors too
+        st_ = A.t().to_scipy()
+        assert np.array_equal(st_.toarray(), a.T)
+        # and back in
+        assert_dense_equal(scorch.as_sparse(s, f).to_dense(), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo", "dense"])
+def test_to_scipy_half_precision(dtype, fmt):
+    pytest.importorskip("scipy.sparse")
+    x = make_dense((4, 5), 0.5, 3, dtype)
+    A = scorch.as_sparse(x, fmt)
+    out = A.to_scipy().toarray()
+    # numpy has no bfloat16; the values must come back exactly (upcast allowed)
+    assert np.array_equal(out.astype(np.float64), x.double().numpy())
+
+
+# ====================================================================== 6. sparse_coo
+
+@st.composite
+def coo_parts(draw, min_dims=1, max_dims=4):
+    shape = draw(shapes(min_dims, max_dims))
+    nnz = draw(st.integers(0, 40)) if all(s > 0 for s in shape) else 0
+    g = torch.Generator().manual_seed(draw(seeds))
+    if nnz:
+        idx = torch.stack([torch.randint(0, s, (nnz,), generator=g) for s in shape])
+        if draw(st.booleans()):
+            extra = idx[:, torch.randint(0, nnz, (nnz,), generator=g)]
+            idx = torch.cat([idx, extra], 1)[:, torch.randperm(2 * nnz, generator=g)]
+    else:
+        idx = torch.zeros((len(shape), 0), dtype=torch.int64)
+    kind = draw(st.sampled_from(["float64", "int64", "float32-int"]))
+    small = torch.randint(-5, 6, (idx.shape[1],), generator=g)
+    if kind == "float64":
+        vals = torch.randn(idx.shape[1], generator=g, dtype=torch.float64).round(decimals=3)
+    elif kind == "int64":
+        vals = small
+    else:  # small integers are exact in float32 whatever the summation order
+        vals = small.to(torch.float32)
+    return idx, vals, shape
+
+
+def coo_oracle(idx, vals, shape):
+    return torch.zeros(shape, dtype=vals.dtype).index_put_(tuple(idx), vals, accumulate=True)
+
+
+@examples(80)
+@given(parts=coo_parts())
+def test_sparse_coo_sums_duplicates(parts):
+    idx, vals, shape = parts
+    expected = coo_oracle(idx, vals, shape)
+    for f in preset_names(len(shape)) + user_formats(len(shape)):
+        A = scorch.sparse_coo(idx, vals, shape, format=f)
+        assert A.format == resolve(f, len(shape))
+        assert A.shape == torch.Size(shape) and A.dtype == vals.dtype
+        assert_dense_equal(A.to_dense(), expected)
+
+
+@MEDIUM
+@given(parts=coo_parts(2, 2), data=st.data())
+def test_sparse_coo_blocked(parts, data):
+    idx, vals, shape = parts
+    bh = data.draw(st.sampled_from([d for d in range(1, 4) if shape[0] % d == 0]))
+    bw = data.draw(st.sampled_from([d for d in range(1, 4) if shape[1] % d == 0]))
+    expected = coo_oracle(idx, vals, shape)
+    for f in (scorch.formats.bsr(bh, bw), scorch.formats.bsc(bh, bw)):
+        assert_dense_equal(scorch.sparse_coo(idx, vals, shape, format=f).to_dense(), expected)
+
+
+@MEDIUM
+@given(parts=coo_parts(), data=st.data())
+def test_sparse_coo_random_format_and_inputs(parts, data):
+    idx, vals, shape = parts
+    f = data.draw(st.one_of(st.sampled_from(preset_names(len(shape))), level_formats(len(shape))))
+    expected = coo_oracle(idx, vals, shape)
+    # indices as int32 tensor, numpy array or nested lists; values as numpy
+    lists = [idx.tolist()] if idx.shape[1] else []  # (empty lists: see test_sparse_coo_empty_lists)
+    for ind in [idx, idx.to(torch.int32), idx.numpy()] + lists:
+        A = scorch.sparse_coo(ind, vals.numpy() if isinstance(ind, np.ndarray) else vals, shape, format=f)
+        assert_dense_equal(A.to_dense(), expected)
+    if idx.shape[1]:
+        inferred = tuple(int(m) + 1 for m in idx.max(1).values)
+        B = scorch.sparse_coo(idx, vals, format=f)
+        assert B.shape == torch.Size(inferred)
+        assert_dense_equal(B.to_dense(), coo_oracle(idx, vals, inferred))
+
+
+@pytest.mark.parametrize("ndim", [1, 2, 3])
+def test_sparse_coo_empty_lists(ndim):
+    # torch.sparse_coo_tensor([[], []], [], (2, 3)) is an empty tensor; so should this be
+    shape = (2, 3, 4)[:ndim]
+    A = scorch.sparse_coo([[] for _ in range(ndim)], [], shape, format="csr")
+    assert A.shape == torch.Size(shape) and A.nnz == 0
+    assert torch.equal(A.to_dense(), torch.zeros(shape, dtype=A.dtype))
+
+
+@FAST
+@given(parts=coo_parts())
+def test_sparse_coo_scalar_value(parts):
+    idx, _, shape = parts
+    A = scorch.sparse_coo(idx, 2.0, shape, format="csr")
+    expected = coo_oracle(idx, torch.full((idx.shape[1],), 2.0, dtype=torch.float64), shape)
+    assert A.dtype == expected.dtype or A.dtype == torch.float32
+    assert torch.equal(A.to_dense().to(expected.dtype), expected)
+
+
+# ====================================================================== 7. index_dtype
+
+def index_arrays(A):
+    n = len(A.format.levels)
+    return [t for k in range(n) for t in (A.pos(k), A.crd(k)) if t is not None]
+
+
+@MEDIUM
+@given(case=tensor_and_random_format())
+def test_index_dtype_int64_on_request(case):
+    x, f = case
+    A = scorch.as_sparse(x, f, index_dtype=torch.int64)
+    assert_dense_equal(A.to_dense(), x)
+    arrays = index_arrays(A)
+    assert all(t.dtype == torch.int64 for t in arrays)
+    if arrays:
+        assert A.index_dtype == torch.int64
+    B = scorch.as_sparse(x, f)
+    assert all(t.dtype == torch.int32 for t in index_arrays(B))
+    assert B.index_dtype == torch.int32
+    # same storage apart from the index width
+    for a, b in zip(arrays, index_arrays(B)):
+        assert torch.equal(a, b.to(torch.int64))
+    assert torch.equal(A.values(), B.values())
+    # width survives conversions, and can be changed on request
+    if arrays:
+        for g in preset_names(x.dim()):
+            C = A.asformat(g)
+            assert all(t.dtype == torch.int64 for t in index_arrays(C))
+            assert_dense_equal(C.to_dense(), x)
+        D = A.asformat(f, index_dtype=torch.int32)
+        assert D.index_dtype == torch.int32 and all(t.dtype == torch.int32 for t in index_arrays(D))
+        assert_dense_equal(D.to_dense(), x)
+        E = B.asformat("coo", index_dtype=torch.int64)
+        assert E.index_dtype == torch.int64
+        assert_dense_equal(E.to_dense(), x)
+
+
+@MEDIUM
+@given(case=matrices_with_block())
+def test_index_dtype_int64_from_torch_and_scipy(case):
+    x, block = case
+    sources = list(_torch_layouts(x, block).values())
+    sp = None
+    try:
+        import scipy.sparse as sp
+    except ImportError:  # pragma: no cover
+        pass
+    if sp is not None:
+        sources += [sp.csr_array(x.numpy()), sp.coo_array(x.numpy())]
+    for s in sources:
+        for f in ("csr", "coo", "ell", scorch.formats.bsr(*block)):
+            A = scorch.as_sparse(s, f, index_dtype=torch.int64)
+            assert A.index_dtype == torch.int64
+            assert all(t.dtype == torch.int64 for t in index_arrays(A))
+            assert_dense_equal(A.to_dense(), x)
+            B = scorch.as_sparse(s, f)
+            assert B.index_dtype == torch.int32
+            assert_dense_equal(B.to_dense(), x)
+
+
+@FAST
+@given(parts=coo_parts())
+def test_index_dtype_sparse_coo(parts):
+    idx, vals, shape = parts
+    for f in ("coo", "csr", "ell"):
+        A = scorch.sparse_coo(idx, vals, shape, format=f, index_dtype=torch.int64)
+        assert A.index_dtype == torch.int64 and all(t.dtype == torch.int64 for t in index_arrays(A))
+        assert_dense_equal(A.to_dense(), coo_oracle(idx, vals, shape))
+
+
+@FAST
+@given(x=dense_tensors(2, 2))
+def test_index_dtype_survives_to_torch_and_scipy(x):
+    A = scorch.as_sparse(x, "csr", index_dtype=torch.int64)
+    t = A.to_torch()
+    assert t.crow_indices().dtype == torch.int64
+    assert_dense_equal(t.to_dense(), x)
+    B = scorch.as_sparse(x, "csr")
+    assert B.to_torch().crow_indices().dtype == torch.int32
+    assert_dense_equal(B.to_torch().to_dense(), x)
+
+
+# ====================================================================== exotic but valid formats
+
+def test_nonunique_padded_level_is_rejected():
+    # A padded (ELL) level holds one slot per distinct coordinate: nonunique is refused up front.
+    with pytest.raises(ValueError, match="padded level is always unique"):
+        Format([padded(unique=False), singleton])
