@@ -82,7 +82,22 @@ def test_spmv_spmm_sddmm_every_2d_format(fmt):
 def test_spmm_plan_is_row_parallel_with_k_innermost():
     plan = check("ij,jk->ik", scorch.as_sparse(rnd(30, 20), "csr"), rnd(20, 16, density=1))
     assert plan.loop_order == ("i", "j", "k") and plan.parallel == "rows" and plan.output_format == "dense"
-    assert "#pragma omp simd" in plan.source and "scorch_lower_bound" in plan.source
+    assert "scorch_vec_double w0" in plan.source and "scorch_lower_bound" in plan.source  # row in registers
+    assert "__builtin_prefetch" in plan.source  # gathered rows of X are prefetched
+
+
+@needs_cc
+@pytest.mark.parametrize("k", [1, 8, 16, 24, 48, 64, 256, 1100])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("fmt", ["csr", "coo", "ell", scorch.formats.bsr(2, 3)], ids=str)
+def test_spmm_row_workspace_widths(k, dtype, fmt):
+    """Vector-register rows (k a multiple of the vector width), array rows, and no workspace."""
+    A = scorch.as_sparse(rnd(12, 9, dtype=dtype), fmt)
+    X = rnd(9, k, density=1, seed=2, dtype=dtype)
+    check("ij,jk->ik", A, X)
+    check("ij,jk->ik", A, X[:, :k])                       # same shape through the fast path
+    check("bij,bjk->bik", scorch.as_sparse(rnd(2, 6, 9, dtype=dtype), "csr"), rnd(2, 9, k, density=1, dtype=dtype))
+    check("ij,kj->ik", A, rnd(k, 9, density=1, dtype=dtype))  # X read transposed: strided rows
 
 
 @needs_cc

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .ir import Assign, Bin, Block, Break, Call, Cast, Const, Decl, For, Forever, If, Kernel, Load, Parallel, Var
+from .ir import (Addr, Assign, Bin, Block, Break, Call, Cast, Const, Decl, Eval, For, Forever, If, Kernel, Load,
+                 Parallel, Var, Vec, VecZero)
 
 PRELUDE = """\
 #include <stdint.h>
@@ -21,6 +22,11 @@ static inline int64_t scorch_lower_bound(const void *pos, int wide, int64_t n, i
 }
 
 #define SCORCH_MIN(a, b) ((a) < (b) ? (a) : (b))
+
+/* 64-byte vectors (GCC/Clang vector extensions), unaligned access allowed. */
+typedef float scorch_vec_float __attribute__((vector_size(64), aligned(4)));
+typedef double scorch_vec_double __attribute__((vector_size(64), aligned(8)));
+#define SCORCH_LANES(t) (64 / sizeof(t))
 
 /* Sort a[0..n) ascending (insertion sort for short rows, heap sort otherwise); returns n. */
 static inline int64_t scorch_sort(int64_t *a, int64_t n) {
@@ -70,6 +76,12 @@ def expr(e) -> str:
         return f"{e.fn}({', '.join(expr(a) for a in e.args)})"
     if isinstance(e, Cast):
         return f"(({e.ctype}){expr(e.value)})"
+    if isinstance(e, Addr):
+        return f"(&{expr(e.array)}[{expr(e.index)}])"
+    if isinstance(e, Vec):
+        return f"(*(scorch_vec_{e.ctype} *){expr(e.addr)})"
+    if isinstance(e, VecZero):
+        return "{0}"
     raise TypeError(f"codegen: unknown expression {e!r}")
 
 
@@ -95,6 +107,8 @@ def stmt(s, ind: str) -> list[str]:
         return out + [f"{ind}}}"]
     if isinstance(s, Break):
         return [f"{ind}break;"]
+    if isinstance(s, Eval):
+        return [f"{ind}{expr(s.value)};"]
     if isinstance(s, Parallel):
         return ([f"{ind}#pragma omp parallel num_threads({expr(s.nthreads)})", f"{ind}{{",
                  f"{ind}  int64_t tid = omp_get_thread_num();", f"{ind}  int64_t nthr = omp_get_num_threads();"]

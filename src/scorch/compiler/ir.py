@@ -98,6 +98,30 @@ class Cast(Expr):
     def __str__(self): return f"({self.ctype}){self.value}"
 
 
+@dataclass(frozen=True)
+class Addr(Expr):
+    """``&array[index]``."""
+    array: Expr
+    index: Expr
+
+    def __str__(self): return f"&{self.array}[{self.index}]"
+
+
+@dataclass(frozen=True)
+class Vec(Expr):
+    """The ``lanes``-wide vector at ``addr`` (a load, or a store target); ``ctype`` is the
+    lane type.  Unaligned access is fine."""
+    addr: Expr
+    ctype: str
+
+    def __str__(self): return f"vec<{self.ctype}>({self.addr})"
+
+
+@dataclass(frozen=True)
+class VecZero(Expr):
+    def __str__(self): return "vec(0)"
+
+
 # ------------------------------------------------------------------ statements
 
 class Stmt:
@@ -163,6 +187,14 @@ class If(Stmt):
     def __str__(self):
         return f"if {self.cond}:\n" + _indent(str(self.then)) + (
             "\nelse:\n" + _indent(str(self.orelse)) if self.orelse else "")
+
+
+@dataclass(frozen=True)
+class Eval(Stmt):
+    """An expression evaluated for its effect (a call such as a prefetch)."""
+    value: Expr
+
+    def __str__(self): return str(self.value)
 
 
 @dataclass(frozen=True)

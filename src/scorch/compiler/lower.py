@@ -25,9 +25,10 @@ Only level capabilities (``kind``) are consulted, never format names.
 
 from __future__ import annotations
 
-from .ir import Assign, Bin, Block, Break, Call, Cast, Const, Decl, For, Forever, If, Kernel, Param, Parallel, Var
+from .ir import (Addr, Assign, Bin, Block, Break, Call, Cast, Const, Decl, Eval, For, Forever, If, Kernel, Param,
+                 Parallel, Var, Vec, VecZero)
 from .lattice import lattice, needs_every_coordinate
-from .notation import Access, Neg, Zero, accesses
+from .notation import Access, Neg, Op, Zero, accesses
 from .schedule import Schedule
 
 _C = Var
@@ -52,6 +53,8 @@ class _Lowerer:
         self.ws = ws if (ws and phase == "compute" and ws[0] in static) else ()
         self.assign_once = bool(self.ws) and s.parallel != "buffers" and all(
             self._dense_output_loop(v) for v in s.loop_order[:self.ws[1] + 1])
+        self.lanes = 16 if vtype == "float" else 8  # 64-byte vectors
+        self.vec = bool(self.ws) and self._vectorisable()
         self.used = {a.operand for a in accesses(s.expr)}
         self.rows = tuple(self.ein.output[:-1]) if s.output[0] == "assemble" else ()
         self.params = self._params()
@@ -95,11 +98,31 @@ class _Lowerer:
             return Const(b) if v == i else Bin("/", _C(f"n_{self.split_parts[v]}"), Const(b))
         return _C(f"n_{v}")
 
-    def linear(self, idxs):
-        off = Const(0)
+    def linear(self, idxs, subst=None):
+        off, subst = Const(0), subst or {}
         for idx in idxs:
-            off = off * _C(f"n_{idx}") + _C(idx)
+            off = off * _C(f"n_{idx}") + subst.get(idx, _C(idx))
         return off
+
+    def _vectorisable(self) -> bool:
+        """The row workspace can live in vector registers: its length is a multiple of the
+        vector width (at most 16 vectors), the expression is + - * /, and every operand
+        indexed by the row variable has it as its unit-stride last dim."""
+        k, n = self.ws[0], self.static[self.ws[0]]
+        if n % self.lanes or n // self.lanes > 16 or n == 0:
+            return False
+
+        def ok(e):
+            if isinstance(e, Op):
+                return e.op in ("+", "-", "*", "/") and ok(e.a) and ok(e.b)
+            if isinstance(e, Neg):
+                return ok(e.a)
+            if isinstance(e, Access):
+                op = self.s.operands[e.operand]
+                return k not in e.indices or (not op.sparse and e.indices[-1] == k and op.unit_stride
+                                              and e.indices.count(k) == 1)
+            return isinstance(e, Zero)
+        return ok(self.s.expr)
 
     def _dense_output_loop(self, v) -> bool:
         """``v`` is an output index that every sparse operand locates (never iterates)."""
@@ -155,6 +178,9 @@ class _Lowerer:
         points = lattice(expr, iters)
         if not points:
             return []
+        if not iters and self.vec and v == self.ws[0]:
+            return [Assign(_C(f"w{m}"), self.vec_value(points[0].expr, st, m), "+=")
+                    for m in range(self.static[v] // self.lanes)]
         if not iters:
             body = Block(tuple(self.body(depth, v, points[0], st, iters)))
             innermost = depth == len(s.loop_order) - 1 and self.phase == "compute"
@@ -193,12 +219,20 @@ class _Lowerer:
         ws_here = self.ws and self.ws[1] == depth
         if ws_here:
             k, n = self.ws[0], self.var_size(self.ws[0])
-            out += [Decl(self.vtype, f"wrow[{n}]"),
-                    For(k, Const(0), n, Block((Assign(_C("wrow")[_C(k)], Const(0.0)),)), simd=True)]
+            if self.vec:
+                out += [Decl(f"scorch_vec_{self.vtype}", f"w{m}", VecZero()) for m in range(n.value // self.lanes)]
+            else:
+                out += [Decl(self.vtype, f"wrow[{n}]"),
+                        For(k, Const(0), n, Block((Assign(_C("wrow")[_C(k)], Const(0.0)),)), simd=True)]
         out += self.loop(depth + 1, point.expr, st)
         if ws_here:
             op = "=" if self.assign_once else "+="
-            out.append(For(k, Const(0), n, Block((Assign(self.target(st), _C("wrow")[_C(k)], op),)), simd=True))
+            if self.vec:
+                out += [Assign(Vec(Addr(_C("outp"), self.linear(self.ein.output, {k: Const(m * self.lanes)})),
+                                   self.vtype), _C(f"w{m}"), op) for m in range(n.value // self.lanes)]
+            else:
+                out.append(For(k, Const(0), n, Block((Assign(self.target(st), _C("wrow")[_C(k)], op),)),
+                               simd=True))
         out += self.maybe_acc_end(depth, st)
         if starts_row:
             out += self.row_end(st)
@@ -226,11 +260,7 @@ class _Lowerer:
             if op.sparse and st.level_at[t] == len(op.fmt.levels):
                 load = _C(f"vals{t}")[st.pos[t]]
             elif not op.sparse and all(i in st.bound for i in op.indices):
-                off = None
-                for d, idx in enumerate(op.indices):
-                    term = _C(idx) if (d == len(op.indices) - 1 and op.unit_stride) else _C(idx) * _C(f"s{t}_{d}")
-                    off = term if off is None else off + term
-                load = _C(f"d{t}")[off if off is not None else Const(0)]
+                load = _C(f"d{t}")[self.dense_offset(t)]
             else:
                 continue
             out.append(Decl(f"const {self.vtype}", f"v{t}", load))
@@ -246,13 +276,30 @@ class _Lowerer:
         coord = Decl("int64_t", v, Cast("int64_t", crd[_C(it)]))
         if kind == "compressed":
             pos = _C(f"pos{t}_{k}")
-            return [For(it, Cast("int64_t", pos[parent]), Cast("int64_t", pos[parent + Const(1)]),
-                        Block(tuple(self.body(depth, v, point, st, {t}, [coord]))))]
+            end = Cast("int64_t", pos[parent + Const(1)])
+            binds = self.prefetch(v, st, crd, _C(it), end) + [coord]
+            return [For(it, Cast("int64_t", pos[parent]), end,
+                        Block(tuple(self.body(depth, v, point, st, {t}, binds))))]
         if kind == "singleton":
             return [Block(tuple(self.body(depth, v, point, st, {t}, [Decl("int64_t", it, parent), coord])))]
         slot, slots = f"sl{t}_{k}", _C(f"slots{t}_{k}")
         binds = [Decl("int64_t", it, parent * slots + _C(slot)), coord, If(_C(v).lt(0), Block((Break(),)))]
         return [For(slot, Const(0), slots, Block(tuple(self.body(depth, v, point, st, {t}, binds))))]
+
+    def prefetch(self, v, st, crd, q, end, distance=16):
+        """Software prefetch of the dense rows a walked coordinate will gather, ``distance``
+        nonzeros ahead (SpMM's X[j, :], SDDMM's K[j, :]): irregular rows defeat the hardware
+        prefetcher."""
+        out = []
+        ahead = q + Const(distance)
+        for t, op in enumerate(self.s.operands):
+            if op.sparse or t not in self.used or v not in op.indices[:-1]:
+                continue
+            subst = {i: (Cast("int64_t", crd[ahead]) if i == v else _C(i) if i in st.bound else Const(0))
+                     for i in op.indices}
+            out.append(If(ahead.lt(end), Block((Eval(Call("__builtin_prefetch",
+                                                           (Addr(_C(f"d{t}"), self.dense_offset(t, subst)),))),))))
+        return out
 
     def _ranges(self, st, iters):
         out = []
@@ -329,6 +376,29 @@ class _Lowerer:
         if e.op in ("max", "min"):
             return Call(("fmax" if e.op == "max" else "fmin") + ("f" if self.vtype == "float" else ""), (a, b))
         return Bin(e.op, a, b)
+
+    def vec_value(self, e, st, m):
+        """The expression for lanes ``m*L .. m*L+L-1`` of the row variable (see _vectorisable)."""
+        if isinstance(e, Access):
+            if e.operand in st.loaded:
+                return st.loaded[e.operand]
+            return Vec(Addr(_C(f"d{e.operand}"), self.dense_offset(e.operand, {self.ws[0]: Const(m * self.lanes)})),
+                       self.vtype)
+        if isinstance(e, Neg):
+            return Const(0.0) - self.vec_value(e.a, st, m)
+        if isinstance(e, Zero):
+            return Const(0.0)
+        return Bin(e.op, self.vec_value(e.a, st, m), self.vec_value(e.b, st, m))
+
+    def dense_offset(self, t, subst=None):
+        """Offset of dense operand ``t``'s element, with index variables replaced per ``subst``."""
+        op, subst = self.s.operands[t], subst or {}
+        off = None
+        for d, idx in enumerate(op.indices):
+            i = subst.get(idx, _C(idx))
+            term = i if (d == len(op.indices) - 1 and op.unit_stride) else i * _C(f"s{t}_{d}")
+            off = term if off is None else off + term
+        return off if off is not None else Const(0)
 
     def maybe_acc_start(self, depth, st):
         """A register accumulator once every output index is bound and only reductions remain."""
