@@ -143,9 +143,11 @@ def _plan(equation: str, ops, format, expr=None) -> tuple:
     sched = _SCHEDULES.get(key)
     if sched is None:
         sched = _SCHEDULES[key] = make_schedule(ein, specs, out_mode, expr)
-    static = {}
-    if sched.row_workspace and size[sched.row_workspace[0]] <= _MAX_STATIC_ROW:
-        static[sched.row_workspace[0]] = size[sched.row_workspace[0]]
+    static = {}  # the innermost loop's length, when only dense operands index it: unrolled, vectorised
+    inner = sched.loop_order[-1] if sched.loop_order else None
+    if inner in size and size[inner] <= _MAX_STATIC_ROW and \
+            not any(op.sparse and inner in op.level_vars() for op in sched.operands):
+        static[inner] = size[inner]
     pkey = (key, vtype, tuple(static.items()))
     plan = _PLANS.get(pkey)
     if plan is None:
@@ -154,7 +156,7 @@ def _plan(equation: str, ops, format, expr=None) -> tuple:
 
 
 _SCHEDULES: dict = {}
-_MAX_STATIC_ROW = 1024  # longest output row kept in a local (register/L1) workspace
+_MAX_STATIC_ROW = 1024  # longest innermost dense loop specialised on its length
 
 
 def _make_plan(ein, sched, vtype, static) -> Plan:

@@ -54,7 +54,11 @@ class _Lowerer:
         self.assign_once = bool(self.ws) and s.parallel != "buffers" and all(
             self._dense_output_loop(v) for v in s.loop_order[:self.ws[1] + 1])
         self.lanes = 16 if vtype == "float" else 8  # 64-byte vectors
-        self.vec = bool(self.ws) and self._vectorisable()
+        self.vec = bool(self.ws) and self._vectorisable(self.ws[0])
+        # An innermost reduction over a dense index (SDDMM's k): vector partial sums, one horizontal add.
+        r = s.loop_order[-1] if s.loop_order else None
+        self.vec_reduce = (phase == "compute" and not self.ws and r in static and r not in self.ein.output
+                           and r.split("_")[0] == r and self._vectorisable(r))
         self.used = {a.operand for a in accesses(s.expr)}
         self.rows = tuple(self.ein.output[:-1]) if s.output[0] == "assemble" else ()
         self.params = self._params()
@@ -104,11 +108,11 @@ class _Lowerer:
             off = off * _C(f"n_{idx}") + subst.get(idx, _C(idx))
         return off
 
-    def _vectorisable(self) -> bool:
-        """The row workspace can live in vector registers: its length is a multiple of the
-        vector width (at most 16 vectors), the expression is + - * /, and every operand
-        indexed by the row variable has it as its unit-stride last dim."""
-        k, n = self.ws[0], self.static[self.ws[0]]
+    def _vectorisable(self, k) -> bool:
+        """Loop ``k`` can run on vector registers: its length is a multiple of the vector
+        width (at most 16 vectors), the expression is + - * /, and every operand indexed
+        by ``k`` has it as its unit-stride last dim."""
+        n = self.static[k]
         if n % self.lanes or n // self.lanes > 16 or n == 0:
             return False
 
@@ -179,8 +183,14 @@ class _Lowerer:
         if not points:
             return []
         if not iters and self.vec and v == self.ws[0]:
-            return [Assign(_C(f"w{m}"), self.vec_value(points[0].expr, st, m), "+=")
+            return [Assign(_C(f"w{m}"), self.vec_value(points[0].expr, st, m, v), "+=")
                     for m in range(self.static[v] // self.lanes)]
+        if not iters and self.vec_reduce and depth == len(s.loop_order) - 1 and self.acc_depth is not None:
+            parts = [self.vec_value(points[0].expr, st, m, v) for m in range(self.static[v] // self.lanes)]
+            total = parts[0]
+            for p in parts[1:]:
+                total = total + p
+            return [Assign(_C("acc"), Call(f"scorch_hsum_{self.vtype}", (total,)), "+=")]
         if not iters:
             body = Block(tuple(self.body(depth, v, points[0], st, iters)))
             innermost = depth == len(s.loop_order) - 1 and self.phase == "compute"
@@ -377,18 +387,18 @@ class _Lowerer:
             return Call(("fmax" if e.op == "max" else "fmin") + ("f" if self.vtype == "float" else ""), (a, b))
         return Bin(e.op, a, b)
 
-    def vec_value(self, e, st, m):
-        """The expression for lanes ``m*L .. m*L+L-1`` of the row variable (see _vectorisable)."""
+    def vec_value(self, e, st, m, k):
+        """The expression for lanes ``m*L .. m*L+L-1`` of loop ``k`` (see _vectorisable)."""
         if isinstance(e, Access):
             if e.operand in st.loaded:
                 return st.loaded[e.operand]
-            return Vec(Addr(_C(f"d{e.operand}"), self.dense_offset(e.operand, {self.ws[0]: Const(m * self.lanes)})),
+            return Vec(Addr(_C(f"d{e.operand}"), self.dense_offset(e.operand, {k: Const(m * self.lanes)})),
                        self.vtype)
         if isinstance(e, Neg):
-            return Const(0.0) - self.vec_value(e.a, st, m)
+            return Const(0.0) - self.vec_value(e.a, st, m, k)
         if isinstance(e, Zero):
             return Const(0.0)
-        return Bin(e.op, self.vec_value(e.a, st, m), self.vec_value(e.b, st, m))
+        return Bin(e.op, self.vec_value(e.a, st, m, k), self.vec_value(e.b, st, m, k))
 
     def dense_offset(self, t, subst=None):
         """Offset of dense operand ``t``'s element, with index variables replaced per ``subst``."""
