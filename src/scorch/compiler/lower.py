@@ -288,8 +288,12 @@ class _Lowerer:
             pos = _C(f"pos{t}_{k}")
             end = Cast("int64_t", pos[parent + Const(1)])
             binds = self.prefetch(v, st, crd, _C(it), end) + [coord]
-            return [For(it, Cast("int64_t", pos[parent]), end,
-                        Block(tuple(self.body(depth, v, point, st, {t}, binds))))]
+            body = Block(tuple(self.body(depth, v, point, st, {t}, binds)))
+            # Innermost walk that only sums into the register accumulator (SpMV's row dot):
+            # vectorise it (gathers), the reduction made explicit.
+            innermost = depth == len(self.s.loop_order) - 1 and self.phase == "compute"
+            red = "acc" if innermost and self.acc_depth is not None and not binds[:-1] else None
+            return [For(it, Cast("int64_t", pos[parent]), end, body, simd=red is not None, reduction=red)]
         if kind == "singleton":
             return [Block(tuple(self.body(depth, v, point, st, {t}, [Decl("int64_t", it, parent), coord])))]
         slot, slots = f"sl{t}_{k}", _C(f"slots{t}_{k}")
