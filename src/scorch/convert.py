@@ -55,8 +55,8 @@ def coords_of(fmt: Format, shape, pos, crd, vals):
         n = sizes[k]
         if lv.kind == "dense":
             m = p.numel()
-            cols = [c.repeat_interleave(n) for c in cols]
-            cols.append(torch.arange(n, dtype=_I64).repeat(m))
+            cols = [c.unsqueeze(1).expand(m, n).reshape(-1) for c in cols]
+            cols.append(torch.arange(n, dtype=_I64).expand(m, n).reshape(-1))
             p = (p.unsqueeze(1) * n + torch.arange(n, dtype=_I64)).reshape(-1)
             npos *= n
         elif lv.kind == "compressed":
@@ -113,6 +113,20 @@ def _sort_key(lc: torch.Tensor, sizes) -> torch.Tensor | None:
     return key
 
 
+def _decode(key: torch.Tensor, sizes) -> torch.Tensor:
+    """Level coordinates of linear keys (the inverse of :func:`_sort_key`)."""
+    out = torch.empty((len(sizes), key.numel()), dtype=_I64)
+    rest = key
+    for k in reversed(range(len(sizes))):
+        if k == 0:
+            out[0] = rest
+        else:
+            q = torch.div(rest, sizes[k], rounding_mode="floor")
+            torch.sub(rest, q * sizes[k], out=out[k])
+            rest = q
+    return out
+
+
 def _sort_and_sum(lc: torch.Tensor, vals: torch.Tensor, sizes):
     """Sort entries lexicographically by level coordinates and sum duplicates."""
     nnz = lc.shape[1]
@@ -122,7 +136,7 @@ def _sort_and_sum(lc: torch.Tensor, vals: torch.Tensor, sizes):
     if key is not None:
         if not bool((key[1:] >= key[:-1]).all()):
             key, perm = torch.sort(key, stable=True)
-            lc, vals = lc[:, perm], vals[perm]
+            lc, vals = _decode(key, sizes), vals[perm]  # cheaper than gathering every level
         new = torch.ones(nnz, dtype=torch.bool)
         torch.ne(key[1:], key[:-1], out=new[1:])
     else:  # huge index space: stable sorts from the innermost level outwards
