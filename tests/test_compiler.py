@@ -191,3 +191,29 @@ def test_bad_einsum_input():
         scorch.einsum("ij,j->i", A, torch.ones(4))
     with pytest.raises(NotImplementedError, match="dtype torch.int64"):
         scorch.einsum("ij,j->i", A.to(torch.int64), torch.ones(3, dtype=torch.int64))
+
+
+@needs_cc
+def test_torch_csr_operand_is_wrapped_without_copying():
+    t = rnd(6, 5, dtype=torch.float32).to_sparse_csr()
+    from scorch.compiler.driver import _operands
+    (A,) = _operands((t,))
+    assert A.crd(1).data_ptr() == t.col_indices().data_ptr() and A.values().data_ptr() == t.values().data_ptr()
+
+
+def test_no_compiler_falls_back_to_torch_with_one_warning(monkeypatch):
+    import warnings
+
+    from scorch.compiler import driver
+    monkeypatch.setenv("SCORCH_CC", "/nonexistent/cc")
+    monkeypatch.setattr(driver, "_warned_no_cc", False)
+    A, X = scorch.as_sparse(rnd(5, 11), "csr"), rnd(11, 3, density=1)  # shapes no other test uses
+    assert scorch.explain("ij,jk->ik", A, X).backend == "torch (no C compiler)"
+    with pytest.warns(UserWarning, match="no C compiler found"):
+        out = scorch.einsum("ij,jk->ik", A, X)
+    torch.testing.assert_close(out, A.to_dense() @ X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(scorch.einsum("ij,ik,jk->ij", A, rnd(5, 2, density=1), rnd(11, 2, density=1),
+                                                 format="dense"),
+                                   A.to_dense() * (rnd(5, 2, density=1) @ rnd(11, 2, density=1).t()))

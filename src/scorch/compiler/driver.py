@@ -84,7 +84,10 @@ def _operands(operands):
             if fmt is None:  # BSR / BSC keep their blocks
                 make = bsr_format if x.layout == torch.sparse_bsr else bsc_format
                 fmt = make(*x.values().shape[1:3])
-            out.append(as_sparse(x, fmt))
+            # Compressed layouts keep their index width: the arrays are wrapped (validated), not copied.
+            width = None if x.layout == torch.sparse_coo else (
+                x.crow_indices() if x.layout in (torch.sparse_csr, torch.sparse_bsr) else x.ccol_indices()).dtype
+            out.append(as_sparse(x, fmt, index_dtype=width))
         else:
             raise ScorchTypeError(f"einsum: operand {k} must be a tensor, got {type(x).__name__}")
         if out[-1].device.type != "cpu":
