@@ -316,7 +316,7 @@ def to_torch(A: SparseTensor) -> torch.Tensor:
         return _quietly(make, A.pos(1), A.crd(1), v.view(-1, *fmt.block), A.shape)
     coords, vals = A.coo()
     in_order = fmt.order == tuple(range(len(fmt.levels))) and not fmt.block
-    out = torch.sparse_coo_tensor(coords, vals, A.shape, is_coalesced=in_order)
+    out = torch.sparse_coo_tensor(coords, vals, A.shape, is_coalesced=in_order, check_invariants=False)
     return out if in_order else out.coalesce()
 
 
