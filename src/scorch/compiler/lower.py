@@ -55,6 +55,11 @@ class _Lowerer:
             self._dense_output_loop(v) for v in s.loop_order[:self.ws[1] + 1])
         self.lanes = 16 if vtype == "float" else 8  # 64-byte vectors
         self.vec = bool(self.ws) and self._vectorisable(self.ws[0])
+        # Long rows are tiled: 4 vectors of the row at a time, the whole loop nest per tile, so
+        # the gathered slices of the dense operand stay in L2 (K=256 on a 19k-row graph: 1.4x).
+        nvec = static[self.ws[0]] // self.lanes if self.vec else 0
+        self.tiles = nvec // 4 if nvec > 4 and nvec % 4 == 0 else 1
+        self.nvec = nvec // self.tiles
         # An innermost reduction over a dense index (SDDMM's k): vector partial sums, one horizontal add.
         r = s.loop_order[-1] if s.loop_order else None
         self.vec_reduce = (phase == "compute" and not self.ws and r in static and r not in self.ein.output
@@ -183,8 +188,7 @@ class _Lowerer:
         if not points:
             return []
         if not iters and self.vec and v == self.ws[0]:
-            return [Assign(_C(f"w{m}"), self.vec_value(points[0].expr, st, m, v), "+=")
-                    for m in range(self.static[v] // self.lanes)]
+            return [Assign(_C(f"w{m}"), self.vec_value(points[0].expr, st, m, v), "+=") for m in range(self.nvec)]
         if not iters and self.vec_reduce and depth == len(s.loop_order) - 1 and self.acc_depth is not None:
             parts = [self.vec_value(points[0].expr, st, m, v) for m in range(self.static[v] // self.lanes)]
             total = parts[0]
@@ -204,6 +208,11 @@ class _Lowerer:
             stmts = self.merge(depth, v, points, iters, st)
         if depth == 0 and s.parallel != "serial" and len(stmts) == 1 and isinstance(stmts[0], For):
             stmts = self.parallelise(stmts[0], iters)
+        if depth == 0 and self.tiles > 1:
+            tile = self.nvec * self.lanes
+            *decls, nest = stmts
+            stmts = decls + [For("kb", Const(0), Const(self.tiles),
+                                 Block((Decl("const int64_t", "kt", _C("kb") * Const(tile)), nest)))]
         return stmts
 
     def body(self, depth, v, point, st, present, binds=()):
@@ -230,7 +239,7 @@ class _Lowerer:
         if ws_here:
             k, n = self.ws[0], self.var_size(self.ws[0])
             if self.vec:
-                out += [Decl(f"scorch_vec_{self.vtype}", f"w{m}", VecZero()) for m in range(n.value // self.lanes)]
+                out += [Decl(f"scorch_vec_{self.vtype}", f"w{m}", VecZero()) for m in range(self.nvec)]
             else:
                 out += [Decl(self.vtype, f"wrow[{n}]"),
                         For(k, Const(0), n, Block((Assign(_C("wrow")[_C(k)], Const(0.0)),)), simd=True)]
@@ -238,8 +247,8 @@ class _Lowerer:
         if ws_here:
             op = "=" if self.assign_once else "+="
             if self.vec:
-                out += [Assign(Vec(Addr(_C("outp"), self.linear(self.ein.output, {k: Const(m * self.lanes)})),
-                                   self.vtype), _C(f"w{m}"), op) for m in range(n.value // self.lanes)]
+                out += [Assign(Vec(Addr(_C("outp"), self.linear(self.ein.output, {k: self.lane_offset(m)})),
+                                   self.vtype), _C(f"w{m}"), op) for m in range(self.nvec)]
             else:
                 out.append(For(k, Const(0), n, Block((Assign(self.target(st), _C("wrow")[_C(k)], op),)),
                                simd=True))
@@ -309,8 +318,9 @@ class _Lowerer:
         for t, op in enumerate(self.s.operands):
             if op.sparse or t not in self.used or v not in op.indices[:-1]:
                 continue
-            subst = {i: (Cast("int64_t", crd[ahead]) if i == v else _C(i) if i in st.bound else Const(0))
-                     for i in op.indices}
+            tile_start = self.lane_offset(0) if self.ws else Const(0)
+            subst = {i: (Cast("int64_t", crd[ahead]) if i == v else _C(i) if i in st.bound
+                         else tile_start if self.ws and i == self.ws[0] else Const(0)) for i in op.indices}
             out.append(If(ahead.lt(end), Block((Eval(Call("__builtin_prefetch",
                                                            (Addr(_C(f"d{t}"), self.dense_offset(t, subst)),))),))))
         return out
@@ -396,13 +406,17 @@ class _Lowerer:
         if isinstance(e, Access):
             if e.operand in st.loaded:
                 return st.loaded[e.operand]
-            return Vec(Addr(_C(f"d{e.operand}"), self.dense_offset(e.operand, {k: Const(m * self.lanes)})),
-                       self.vtype)
+            offset = self.lane_offset(m) if self.vec else Const(m * self.lanes)
+            return Vec(Addr(_C(f"d{e.operand}"), self.dense_offset(e.operand, {k: offset})), self.vtype)
         if isinstance(e, Neg):
             return Const(0.0) - self.vec_value(e.a, st, m, k)
         if isinstance(e, Zero):
             return Const(0.0)
         return Bin(e.op, self.vec_value(e.a, st, m, k), self.vec_value(e.b, st, m, k))
+
+    def lane_offset(self, m):
+        """First element of vector ``m`` of the row workspace (within the current tile)."""
+        return (_C("kt") + Const(m * self.lanes)) if self.tiles > 1 else Const(m * self.lanes)
 
     def dense_offset(self, t, subst=None):
         """Offset of dense operand ``t``'s element, with index variables replaced per ``subst``."""
