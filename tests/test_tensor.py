@@ -251,25 +251,30 @@ def test_dense_fallback_warns_once_and_is_right(x, monkeypatch):
     from scorch import _dispatch
     monkeypatch.setattr(_dispatch, "_warned", set())
     A = scorch.as_sparse(x, "csr")
-    with pytest.warns(UserWarning, match="exp has no sparse implementation"):
-        out = torch.exp(A)
-    assert torch.equal(out, torch.exp(x))
+    with pytest.warns(UserWarning, match="cumsum has no sparse implementation"):
+        out = torch.cumsum(A, dim=1)
+    assert torch.equal(out, torch.cumsum(x, dim=1))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        torch.exp(A)  # second time: silent
+        torch.cumsum(A, dim=1)  # second time: silent
+        assert torch.equal(torch.exp(A), torch.exp(x))  # exp(0) != 0: dense by definition, no warning
 
 
 def test_dense_fallback_can_raise(x, monkeypatch):
     monkeypatch.setattr(scorch.config, "dense_fallback", "raise")
     with pytest.raises(NotImplementedError, match="dense_fallback = 'raise'"):
-        torch.exp(scorch.as_sparse(x, "csr"))
+        torch.cumsum(scorch.as_sparse(x, "csr"), dim=0)
     monkeypatch.setattr(scorch.config, "dense_fallback", "bogus")
     with pytest.raises(ValueError, match="dense_fallback must be one of"):
-        torch.exp(scorch.as_sparse(x, "csr"))
+        torch.cumsum(scorch.as_sparse(x, "csr"), dim=0)
 
 
-def test_in_place_fallback_refuses_instead_of_losing_the_write(x):
+def test_in_place_ops_update_stored_values_or_refuse(x):
     A = scorch.as_sparse(x, "csr")
+    A.mul_(2)  # same pattern: the stored values change in place
+    assert torch.equal(A.to_dense(), 2 * x)
     with pytest.raises(NotImplementedError, match="in place"):
-        A.add_(1)
-    assert torch.equal(A.to_dense(), x)
+        A.add_(torch.ones_like(x))  # a dense operand would grow the pattern
+    with pytest.raises(NotImplementedError, match="in place"):
+        torch.cumsum(A, 0, out=A)  # a non-pointwise write into a SparseTensor
+    assert torch.equal(A.to_dense(), 2 * x)

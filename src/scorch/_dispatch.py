@@ -51,10 +51,20 @@ def torch_function(func, types, args, kwargs):
         return func(*args, **kwargs)
 
 
+_POINTWISE: list = []  # the handler for aten ops tagged pointwise (scorch.ops.pointwise)
+
+
+def register_pointwise(handler):
+    _POINTWISE[:] = [handler]
+    return handler
+
+
 def torch_dispatch(func, types, args, kwargs):
     impl = _ATEN.get(func) or _ATEN.get(func.overloadpacket)
     if impl is not None:
         return impl(*args, **kwargs)
+    if _POINTWISE and torch.Tag.pointwise in func.tags:
+        return _POINTWISE[0](func, args, kwargs)
     return dense_fallback(func, args, kwargs)
 
 
@@ -67,6 +77,12 @@ def _writes_sparse(func, args, kwargs) -> bool:
         if isinstance(val, SparseTensor):
             return True
     return False
+
+
+def densified(func, args, kwargs):
+    """``func`` on dense copies of the SparseTensor arguments (the result is dense)."""
+    dense = tree_map(lambda a: a.to_dense() if isinstance(a, SparseTensor) else a, (args, kwargs))
+    return func(*dense[0], **dense[1])
 
 
 def dense_fallback(func, args, kwargs):
@@ -87,8 +103,7 @@ def dense_fallback(func, args, kwargs):
         _warned.add(name)
         warnings.warn(f"scorch: {name} has no sparse implementation; running it on a dense copy "
                       "(warned once per op; scorch.config.dense_fallback controls this)", stacklevel=3)
-    dense = tree_map(lambda a: a.to_dense() if isinstance(a, SparseTensor) else a, (args, kwargs))
-    return func(*dense[0], **dense[1])
+    return densified(func, args, kwargs)
 
 
 # ------------------------------------------------------------------ tensor-level methods reached as torch functions
@@ -102,12 +117,6 @@ implements(torch.Tensor.to)(SparseTensor.to)
 implements(torch.Tensor.copy_)(SparseTensor.copy_)
 implements(torch.Tensor.to_dense)(SparseTensor.to_dense)
 implements(torch.Tensor.values)(SparseTensor.values)
-
-
-@implements(torch.einsum)
-def _einsum(equation, *operands):
-    from .compiler import einsum
-    return einsum(equation, *operands)
 
 
 # aten ops that torch itself issues on our wrapper (autograd, nn.Module, copy)

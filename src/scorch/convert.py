@@ -44,9 +44,10 @@ def _counts_to_pos(parents: torch.Tensor, npos: int) -> torch.Tensor:
 
 # --------------------------------------------------------------- storage -> coordinates
 
-def coords_of(fmt: Format, shape, pos, crd, vals):
+def coords_of(fmt: Format, shape, pos, crd, vals, *, positions: bool = False):
     """Coordinates (``ndim x nnz`` int64, logical dims) and values of every stored
-    entry, listed in the format's level order; unused padded slots are dropped."""
+    entry, listed in the format's level order; unused padded slots are dropped.
+    With ``positions=True`` also each entry's index into ``vals``."""
     sizes = fmt.level_sizes(shape)
     p = torch.zeros(1, dtype=_I64)  # positions of the entries kept so far
     npos = 1                        # number of positions at the current level
@@ -96,9 +97,8 @@ def coords_of(fmt: Format, shape, pos, crd, vals):
         logical = [stored[i] * fmt.block[i] + stored[n + i] for i in range(n)]
     else:
         logical = stored
-    if not logical[0].numel():
-        return torch.zeros((fmt.ndim, 0), dtype=_I64), values
-    return torch.stack(logical), values
+    coords = torch.stack(logical) if logical[0].numel() else torch.zeros((fmt.ndim, 0), dtype=_I64)
+    return (coords, values, p) if positions else (coords, values)
 
 
 # --------------------------------------------------------------- coordinates -> storage

@@ -96,8 +96,22 @@ class SparseTensor(torch.Tensor):
         return torch.int32  # all-dense storage: no index arrays
 
     def values(self) -> torch.Tensor:
-        """The stored values (1-d, shares memory with the tensor)."""
+        """The stored values (1-d, shares memory with the tensor; differentiable)."""
+        if self.requires_grad and torch.is_grad_enabled():
+            from .ops.einsum import Values
+            return Values.apply(self)
         return self._values
+
+    def with_values(self, values: torch.Tensor) -> "SparseTensor":
+        """This pattern holding ``values`` (same length as ``values()``); differentiable
+        w.r.t. ``values``."""
+        if not isinstance(values, torch.Tensor) or values.shape != self._values.shape:
+            raise ScorchValueError(f"with_values: values must be a tensor of shape {tuple(self._values.shape)}, "
+                                   f"got {getattr(values, 'shape', type(values).__name__)}")
+        if values.requires_grad and torch.is_grad_enabled():
+            from .ops.einsum import FromValues
+            return FromValues.apply(self.detach(), values)
+        return self._like(values=values, nnz=self._nnz)
 
     def pos(self, level: int) -> torch.Tensor | None:
         """``pos`` array of a compressed level (None for other kinds)."""
@@ -115,6 +129,10 @@ class SparseTensor(torch.Tensor):
 
     # ------------------------------------------------------------ conversions
     def to_dense(self, dtype=None, *, masked_grad=None) -> torch.Tensor:
+        if self.requires_grad and torch.is_grad_enabled():
+            from .ops.einsum import ToDense
+            out = ToDense.apply(self)
+            return out if dtype is None else out.to(dtype)
         out = convert.to_dense(self._format, self._shape, self._pos, self._crd, self._values)
         return out if dtype is None else out.to(dtype)
 

@@ -2,6 +2,8 @@
 built on the compiler.  Registered in the dispatch table so plain ``torch.*``
 calls and operators on a SparseTensor land here."""
 
+from . import pointwise  # noqa: F401  (registers the pointwise handler)
+from .einsum import einsum
 from .linalg import matmul
 
-__all__ = ["matmul"]
+__all__ = ["einsum", "matmul"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from .._dispatch import implements
-from ..compiler import einsum
 from ..errors import ScorchValueError
 from ..interop import is_sparse
+from .einsum import einsum
 
 _BATCH = "abcdefgh"
 

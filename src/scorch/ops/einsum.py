@@ -1,0 +1,157 @@
+"""Differentiable einsum over dense and sparse operands.
+
+The forward is the compiled kernel; the backward is again einsums, compiled
+the same way.  The gradient of a sparse operand keeps its pattern: it is the
+sampled product (SDDMM) of the output gradient and the other operands,
+computed only at the operand's stored positions (never densified).  The
+gradient of a dense operand is a dense einsum (summed back over broadcast
+dims).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._dispatch import implements
+from ..compiler import driver
+from ..compiler.notation import parse
+from ..convert import coords_of
+from ..errors import NotSupportedError
+from ..tensor import SparseTensor
+from .pointwise import same_pattern
+
+
+def einsum(equation: str, *operands, format=None):
+    """Einstein summation with sparse operands; differentiable w.r.t. dense operands and
+    the values of sparse ones.  See :func:`scorch.compiler.einsum` for the result format.
+
+    >>> import torch, scorch
+    >>> A = scorch.as_sparse(torch.eye(2), "csr").requires_grad_()
+    >>> scorch.einsum("ij,jk->ik", A, torch.ones(2, 3)).sum().backward()
+    >>> A.grad.to_dense().tolist()
+    [[3.0, 0.0], [0.0, 3.0]]
+    """
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in operands):
+        ops = driver._operands(operands)
+        return _Einsum.apply(equation, format, *ops)
+    return driver.einsum(equation, *operands, format=format)
+
+
+implements(torch.einsum)(einsum)
+
+
+class _Einsum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, equation, format, *ops):
+        ctx.equation = equation
+        ctx.save_for_backward(*ops)
+        return driver.einsum(equation, *ops, format=format)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ops = ctx.saved_tensors
+        ein = parse(ctx.equation, [tuple(x.shape) for x in ops])
+        if any(len(set(t)) != len(t) for t in ein.inputs):
+            raise NotSupportedError(f"einsum {ctx.equation!r}: the gradient of a repeated index (a diagonal) "
+                                    "is not supported yet")
+        grads = [None, None]
+        for k, x in enumerate(ops):
+            grads.append(_grad_of(ein, ops, k, grad) if ctx.needs_input_grad[k + 2] else None)
+        return tuple(grads)
+
+
+def _grad_of(ein, ops, k, grad):
+    t_k, out = ein.inputs[k], ein.output
+    others = [(t, x) for j, (t, x) in enumerate(zip(ein.inputs, ops)) if j != k]
+    x = ops[k]
+    if isinstance(x, SparseTensor):
+        mask = x._like(values=torch.ones_like(x._values), nnz=x._nnz)
+        terms = [t_k, out] + [t for t, _ in others]
+        g = driver.einsum(",".join(terms) + "->" + t_k, mask, grad, *[o for _, o in others])
+        return x._like(values=project(g, x).to(x.dtype), nnz=x._nnz)
+    have = set(out) | {c for t, _ in others for c in t}
+    kept = "".join(c for c in t_k if c in have)
+    terms = [out] + [t for t, _ in others]
+    g = driver.einsum(",".join(terms) + "->" + kept, grad, *[o for _, o in others], format="dense")
+    size = ein.size
+    if kept != t_k:  # indices only this operand has: the gradient is constant along them
+        g = g.reshape([size[c] if c in kept else 1 for c in t_k]).expand([size[c] for c in t_k])
+    broadcast = [d for d, n in enumerate(x.shape) if n == 1 and size[t_k[d]] != 1]
+    if broadcast:
+        g = g.sum(dim=broadcast, keepdim=True)
+    return g.to(x.dtype)
+
+
+def project(g, x: SparseTensor) -> torch.Tensor:
+    """The values of ``g`` (dense or sparse) at ``x``'s stored positions, aligned with ``x.values()``."""
+    if isinstance(g, SparseTensor) and same_pattern(g, x):
+        return g._values
+    coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
+    out = torch.zeros(x._values.numel(), dtype=g.dtype)
+    if not coords.shape[1]:
+        return out
+    if isinstance(g, SparseTensor):
+        out[where] = _lookup(g, coords)
+    else:
+        out[where] = g[tuple(coords)]
+    return out
+
+
+def _lookup(g: SparseTensor, coords: torch.Tensor) -> torch.Tensor:
+    """Values of sparse ``g`` at ``coords`` (zero where ``g`` stores nothing), by key search."""
+    gc, gv = g.coo()
+    strides = torch.ones(len(g.shape), dtype=torch.int64)
+    for d in range(len(g.shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * g.shape[d + 1]
+    gkey = (gc * strides.unsqueeze(1)).sum(0)
+    order = torch.argsort(gkey)
+    gkey, gv = gkey[order], gv[order]
+    key = (coords * strides.unsqueeze(1)).sum(0)
+    at = torch.searchsorted(gkey, key).clamp(max=max(gkey.numel() - 1, 0))
+    hit = gkey.numel() > 0
+    found = (gkey[at] == key) if hit else torch.zeros_like(key, dtype=torch.bool)
+    return torch.where(found, gv[at] if hit else torch.zeros(key.shape, dtype=gv.dtype), torch.zeros((), dtype=gv.dtype))
+
+
+class ToDense(torch.autograd.Function):
+    """``x.to_dense()`` for a SparseTensor that requires grad: the gradient is the dense
+    gradient read at ``x``'s stored positions."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.to_dense()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return x._like(values=project(grad, x).to(x.dtype), nnz=x._nnz)
+
+
+class FromValues(torch.autograd.Function):
+    """``x.with_values(v)``: the pattern of ``x`` holding ``v``, differentiable w.r.t. ``v``."""
+
+    @staticmethod
+    def forward(ctx, x, values):
+        ctx.pattern = x
+        return x._like(values=values, nnz=x._nnz)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, project(grad, ctx.pattern)
+
+
+class Values(torch.autograd.Function):
+    """``x.values()`` of a SparseTensor that requires grad (its gradient keeps the pattern)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.pattern = x
+        return x._values.view_as(x._values)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x = ctx.pattern
+        return x._like(values=grad, nnz=x._nnz)

@@ -1,0 +1,100 @@
+"""Pointwise ops on SparseTensors, at the aten level (below autograd).
+
+Every aten op tagged *pointwise* whose sparse operands share one pattern (the
+others being scalars or 0-d tensors) runs on the stored values:
+
+* out of place, when ``f(0, ...) == 0`` (``relu``, ``neg``, ``x * 2``, ``sqrt``,
+  ``threshold_backward``...): a SparseTensor with the same pattern;
+  otherwise (``exp``, ``x + 1``) the result is dense by definition, computed densely;
+* in place (``add_``, ``mul_``, ``addcmul_``, ``lerp_``...): the stored values
+  are updated and the pattern stays fixed -- what optimizers need to update a
+  sparse ``nn.Parameter`` (an in-place op cannot grow the pattern, so where
+  ``f(0) != 0`` the absent entries stay absent).
+
+Because this sits below autograd, torch's own derivative formulas (themselves
+pointwise aten ops) run on SparseTensors too, and gradients keep the pattern.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from .._dispatch import dense_fallback, densified, implements_aten, register_pointwise
+from ..errors import NotSupportedError
+from ..tensor import SparseTensor
+
+
+def same_pattern(a: SparseTensor, b: SparseTensor) -> bool:
+    """``a`` and ``b`` store the same positions (cheap when they share index arrays)."""
+    if a is b:
+        return True
+    if a._format != b._format or a._shape != b._shape:
+        return False
+    for x, y in zip(a._pos + a._crd, b._pos + b._crd):
+        if x is y:
+            continue
+        if x is None or y is None or x.shape != y.shape or not torch.equal(x, y):
+            return False
+    return True
+
+
+def _is_scalar(a) -> bool:
+    return not isinstance(a, torch.Tensor) or (not isinstance(a, SparseTensor) and a.dim() == 0)
+
+
+def _zero_preserving(func, args, kwargs) -> bool:
+    zeros = tree_map(lambda a: torch.zeros((), dtype=a.dtype) if isinstance(a, SparseTensor) else a, (args, kwargs))
+    try:
+        z = func(*zeros[0], **zeros[1])
+    except (RuntimeError, TypeError):
+        return False
+    z = z[0] if isinstance(z, (tuple, list)) else z
+    return isinstance(z, torch.Tensor) and not bool(torch.isnan(z).any()) and bool((z == 0).all())
+
+
+@register_pointwise
+def pointwise(func, args, kwargs):
+    flat, _ = tree_flatten((args, kwargs))
+    sparse = [a for a in flat if isinstance(a, SparseTensor)]
+    ref = sparse[0]
+    shared = all(same_pattern(ref, s) for s in sparse[1:]) and all(
+        _is_scalar(a) for a in flat if isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor))
+    mutable = func._schema.is_mutable
+    if not shared:
+        if mutable:
+            raise NotSupportedError(
+                f"{func.overloadpacket.__name__}: in place on SparseTensors needs operands with the same "
+                "pattern (or scalars); use the out-of-place op")
+        return dense_fallback(func, args, kwargs)
+    values = tree_map(lambda a: a._values if isinstance(a, SparseTensor) else a, (args, kwargs))
+    if mutable:
+        func(*values[0], **values[1])
+        return args[0]
+    if not _zero_preserving(func, args, kwargs):
+        return densified(func, args, kwargs)  # f(0) != 0: the result is dense by definition
+    out = func(*values[0], **values[1])
+    return ref._like(values=out, nnz=ref._nnz)
+
+
+# ------------------------------------------------------------------ non-pointwise ops the optimizers and autograd use
+
+@implements_aten(torch.ops.aten.zeros_like.default, torch.ops.aten.empty_like.default)
+def _zeros_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """Zeros in the same pattern: the same dense value as torch's, and it stays sparse."""
+    return x._like(values=torch.zeros_like(x._values, dtype=dtype), nnz=x._nnz)
+
+
+@implements_aten(torch.ops.aten.zero_.default)
+def _zero_(x):
+    x._values.zero_()
+    return x
+
+
+@implements_aten(torch.ops.aten.fill_.Scalar)
+def _fill_(x, value):
+    x._values.fill_(value)
+    return x
+
+
+__all__ = ["same_pattern", "pointwise"]

@@ -1,0 +1,520 @@
+"""Shape operations on SparseTensors, done on coordinates.
+
+This module owns every op that moves entries to new coordinates without
+changing their values: ``reshape`` / ``view`` / ``flatten`` / ``unflatten`` /
+``ravel`` / ``squeeze`` / ``unsqueeze`` (linearise, then unravel),
+``index_select`` / ``select`` / ``narrow`` / ``x[...]`` (filter and renumber one
+dim at a time) and ``cat`` / ``stack`` (offset and concatenate).  Each op takes
+the stored entries (``x.coo()``), computes their new coordinates with
+vectorised torch ops and builds the result with :func:`scorch.convert.build`;
+nothing is densified.  The helpers :func:`rebuild`, :func:`ravel` and
+:func:`unravel` are shared with :mod:`scorch.ops.rearrange`.
+
+Result layout (:func:`result_format`): the input's own format when the number
+of dims is unchanged (and a block split still divides the new shape), else
+the input's format *name* adapted to the new number of dims (``csr`` stays
+``csr``), else ``coo``; the index dtype is the input's, widened to int64 only
+when int32 cannot hold the new shape.  Stored entries stay stored (explicit
+zeros included).  An op whose torch result is 0-d (``x[i]`` on a 1-d tensor,
+squeezing a ``(1,)`` tensor) returns a dense 0-d tensor: sparse tensors need
+at least one dim.
+
+``view`` returns a new SparseTensor with rebuilt storage, i.e. a copy, not a
+view: writes through it do not reach the original (SparseTensors reject
+in-place writes anyway).  The ops are not differentiable (the result does not
+require grad).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+
+import torch
+
+from .. import convert
+from .._dispatch import implements
+from ..errors import NotSupportedError, ScorchTypeError, ScorchValueError
+from ..format import Format, preset
+from ..interop import as_sparse
+from ..tensor import SparseTensor
+
+__all__ = [
+    "reshape", "view", "flatten", "unflatten", "ravel", "squeeze", "unsqueeze",
+    "index_select", "select", "narrow", "getitem", "cat", "stack",
+    "result_format", "rebuild", "ravel_coords", "unravel_coords", "ScorchIndexError",
+]
+
+_I64 = torch.int64
+_MAX_LINEAR = 2**63
+
+
+class ScorchIndexError(ScorchValueError, IndexError):
+    """An index or dim out of range (an ``IndexError`` too, as torch raises)."""
+
+
+# ================================================================ result assembly
+
+def result_format(fmt: Format, shape) -> Format:
+    """The format of an op's result of ``shape`` computed from an input in ``fmt``."""
+    n = len(shape)
+    if fmt.ndim == n and (not fmt.block or all(s % b == 0 for s, b in zip(shape, fmt.block))):
+        return fmt
+    name = None if fmt.block else fmt.name
+    try:
+        return preset(name, n) if name else preset("coo", n)
+    except ScorchValueError:  # e.g. csc for a 1-d result
+        return preset("coo", n)
+
+
+def rebuild(fmt: Format, shape, coords: torch.Tensor, vals: torch.Tensor, index_dtype=None):
+    """A SparseTensor of ``shape`` holding ``vals`` at ``coords`` (``ndim x nnz`` int64,
+    in range) in :func:`result_format` of ``fmt``; a dense 0-d tensor when ``shape == ()``."""
+    shape = tuple(int(s) for s in shape)
+    if not shape:
+        out = torch.zeros(1, dtype=vals.dtype, device=vals.device)
+        return out.index_add_(0, torch.zeros(vals.numel(), dtype=_I64), vals).reshape(())
+    out_fmt = result_format(fmt, shape)
+    try:
+        (pos, crd), values = convert.build(out_fmt, shape, coords, vals, index_dtype)
+    except ScorchValueError:  # int32 cannot hold the new shape: widen rather than fail
+        (pos, crd), values = convert.build(out_fmt, shape, coords, vals, None)
+    return SparseTensor(out_fmt, shape, pos, crd, values)
+
+
+def _rebuild_like(x: SparseTensor, shape, coords, vals):
+    return rebuild(x._format, shape, coords, vals, x.index_dtype)
+
+
+def ravel_coords(rows, sizes, nnz: int) -> torch.Tensor:
+    """Row-major linear index of coordinate ``rows`` in a box of ``sizes``."""
+    _check_linear(sizes)
+    lin = torch.zeros(nnz, dtype=_I64)
+    for r, s in zip(rows, sizes):
+        lin = lin * s + r
+    return lin
+
+
+def unravel_coords(lin: torch.Tensor, sizes) -> list:
+    """The coordinate rows of linear indices ``lin`` in a box of ``sizes`` (inverse of ravel)."""
+    rows = []
+    for s in reversed(sizes[1:]):
+        rows.append(lin % s if s else lin)
+        lin = torch.div(lin, s, rounding_mode="floor") if s else lin
+    rows.append(lin)
+    return rows[::-1] if sizes else []
+
+
+def _check_linear(sizes) -> None:
+    if math.prod(sizes) >= _MAX_LINEAR:
+        raise NotSupportedError(
+            f"shape {tuple(sizes)} has {math.prod(sizes)} elements, too many to linearise with int64 "
+            "coordinates; reshape fewer dims at a time")
+
+
+def _stack_rows(rows, nnz: int) -> torch.Tensor:
+    return torch.stack(list(rows)) if rows else torch.zeros((0, nnz), dtype=_I64)
+
+
+def _dense_call(func, *args, **kwargs):
+    """Run ``func`` on densified arguments (a SparseTensor met in an unsupported role)."""
+    conv = lambda a: a.to_dense() if isinstance(a, SparseTensor) else a  # noqa: E731
+    args = [[conv(t) for t in a] if isinstance(a, (list, tuple)) else conv(a) for a in args]
+    with torch._C.DisableTorchFunctionSubclass():
+        return func(*args, **{k: conv(v) for k, v in kwargs.items()})
+
+
+# ================================================================ argument checks
+
+def _int(v, op: str, arg: str) -> int:
+    if isinstance(v, bool):
+        raise ScorchTypeError(f"{op}: {arg} must be an int, got bool {v!r}")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise ScorchTypeError(f"{op}: {arg} must be an int, got {type(v).__name__} {v!r}") from None
+
+
+def _dim(d, n: int, op: str, arg: str = "dim") -> int:
+    """``d`` wrapped into ``[0, n)``."""
+    d = _int(d, op, arg)
+    if not -n <= d < n:
+        raise ScorchIndexError(f"{op}: {arg}={d} is out of range for a {n}-d tensor (expected [{-n}, {n - 1}])")
+    return d % n
+
+
+def _sizes(args, op: str) -> list:
+    """``(2, 3)``, ``((2, 3),)`` or ``(torch.Size([2, 3]),)`` -> ``[2, 3]``."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)):
+        args = args[0]
+    return [_int(s, op, "shape") for s in args]
+
+
+def _infer(shape: list, numel: int, in_shape: tuple, op: str) -> tuple:
+    """``shape`` with its (at most one) -1 filled in; checks the element count."""
+    free = [i for i, s in enumerate(shape) if s == -1]
+    if len(free) > 1 or any(s < -1 for s in shape):
+        raise ScorchValueError(
+            f"{op}: shape {tuple(shape)} is invalid: sizes must be >= 0 with at most one -1")
+    known = math.prod(s for s in shape if s != -1)
+    if free:
+        if known == 0 or numel % known:
+            raise ScorchValueError(
+                f"{op}: cannot infer the -1 in shape {tuple(shape)} for an input of shape {in_shape} "
+                f"({numel} elements): expected the other sizes to divide {numel}, their product is {known}")
+        shape = shape[:free[0]] + [numel // known] + shape[free[0] + 1:]
+    elif known != numel:
+        raise ScorchValueError(
+            f"{op}: shape {tuple(shape)} has {known} elements, expected {numel} "
+            f"(the number of elements of the input, shape {in_shape})")
+    return tuple(shape)
+
+
+# ================================================================ reshape family
+
+def _reshape(x: SparseTensor, shape: tuple, op: str):
+    shape = _infer(list(shape), math.prod(x._shape), x._shape, op)
+    if shape == x._shape:
+        return x._like(nnz=x._nnz)
+    coords, vals = x.coo()
+    lin = ravel_coords(coords, x._shape, vals.numel())
+    _check_linear(shape)
+    return _rebuild_like(x, shape, _stack_rows(unravel_coords(lin, shape), vals.numel()), vals)
+
+
+@implements(torch.reshape)
+def reshape(input, shape):
+    """``torch.reshape`` by re-coordinating the stored entries (-1 is inferred)."""
+    return _reshape(input, _sizes((shape,), "reshape"), "reshape")
+
+
+@implements(torch.Tensor.reshape)
+def _reshape_method(self, *shape, **kwargs):
+    return _reshape(self, _sizes(shape or (kwargs.get("shape"),), "reshape"), "reshape")
+
+
+@implements(torch.Tensor.view)
+def view(self, *shape, size=None, dtype=None):
+    """``x.view(shape)``: like reshape, and a copy (see the module docstring)."""
+    shape = shape or ((size if size is not None else dtype),)
+    if len(shape) == 1 and isinstance(shape[0], torch.dtype):
+        raise NotSupportedError(
+            f"view(dtype={shape[0]}): reinterpreting a SparseTensor's bits is not supported; "
+            "use x.to(dtype) to convert the values, or x.to_dense().view(dtype)")
+    return _reshape(self, _sizes(shape, "view"), "view")
+
+
+@implements(torch.flatten, torch.Tensor.flatten)
+def flatten(input, start_dim=0, end_dim=-1):
+    """Merge dims ``start_dim..end_dim`` (inclusive) into one."""
+    n = input.dim()
+    a, b = _dim(start_dim, n, "flatten", "start_dim"), _dim(end_dim, n, "flatten", "end_dim")
+    if a > b:
+        raise ScorchValueError(f"flatten: start_dim={start_dim} comes after end_dim={end_dim} for a {n}-d tensor")
+    shape = input._shape
+    return _reshape(input, shape[:a] + (math.prod(shape[a:b + 1]),) + shape[b + 1:], "flatten")
+
+
+@implements(torch.ravel, torch.Tensor.ravel)
+def ravel(input):
+    return flatten(input)
+
+
+@implements(torch.unflatten, torch.Tensor.unflatten)
+def unflatten(input, dim, sizes):
+    """Split dim ``dim`` into ``sizes`` (one of them may be -1)."""
+    d, shape = _dim(dim, input.dim(), "unflatten"), input._shape
+    part = _infer(_sizes((sizes,), "unflatten"), shape[d], (shape[d],), "unflatten")
+    return _reshape(input, shape[:d] + part + shape[d + 1:], "unflatten")
+
+
+@implements(torch.unsqueeze, torch.Tensor.unsqueeze)
+def unsqueeze(input, dim):
+    """Insert a size-1 dim at ``dim`` (in ``[-ndim-1, ndim]``)."""
+    d = _dim(dim, input.dim() + 1, "unsqueeze")
+    coords, vals = input.coo()
+    coords = torch.cat([coords[:d], torch.zeros((1, vals.numel()), dtype=_I64), coords[d:]])
+    return _rebuild_like(input, input._shape[:d] + (1,) + input._shape[d:], coords, vals)
+
+
+@implements(torch.squeeze, torch.Tensor.squeeze)
+def squeeze(input, dim=None):
+    """Drop size-1 dims: all of them, or those among ``dim`` (an int or a tuple)."""
+    n = input.dim()
+    if dim is None:
+        dims = range(n)
+    else:
+        dims = {_dim(d, n, "squeeze") for d in (dim if isinstance(dim, (tuple, list)) else (dim,))}
+    drop = {d for d in dims if input._shape[d] == 1}
+    if not drop:
+        return input._like(nnz=input._nnz)
+    keep = [d for d in range(n) if d not in drop]
+    coords, vals = input.coo()
+    return _rebuild_like(input, tuple(input._shape[d] for d in keep), coords[keep], vals)
+
+
+# ================================================================ indexing
+
+def _index_tensor(index, size: int, op: str, *, negative: bool) -> torch.Tensor:
+    """A 1-d int64 index into a dim of ``size``, checked (negatives wrap when allowed)."""
+    if isinstance(index, SparseTensor):
+        index = index.to_dense()
+    t = index if isinstance(index, torch.Tensor) else torch.as_tensor(index)
+    if t.numel() == 0 and not isinstance(index, torch.Tensor):
+        t = t.to(_I64)  # [] has no dtype to check
+    if t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex:
+        raise ScorchTypeError(f"{op}: index must be an integer tensor, got dtype {t.dtype}")
+    if t.dim() > 1:
+        raise ScorchValueError(f"{op}: index must be 0-d or 1-d, got shape {tuple(t.shape)}")
+    t = t.reshape(-1).to(_I64)
+    lo = -size if negative else 0
+    if t.numel() and (int(t.min()) < lo or int(t.max()) >= size):
+        bad = int(t.min()) if int(t.min()) < lo else int(t.max())
+        raise ScorchIndexError(f"{op}: index {bad} is out of range for a dim of size {size} "
+                               f"(expected [{lo}, {size - 1}])")
+    return torch.where(t < 0, t + size, t)
+
+
+def _take(coords, vals, d: int, index: torch.Tensor):
+    """Entries of ``index_select(d, index)``: an entry at coordinate c along ``d`` appears
+    once per position j with ``index[j] == c``, at coordinate j."""
+    order = torch.argsort(index, stable=True)
+    sidx = index[order]
+    c = coords[d].contiguous()
+    lo = torch.searchsorted(sidx, c, side="left")
+    counts = torch.searchsorted(sidx, c, side="right") - lo
+    entry = torch.repeat_interleave(torch.arange(vals.numel()), counts)
+    coords = coords[:, entry]
+    coords[d] = order[convert._ranges(lo, counts)]
+    return coords, vals[entry]
+
+
+def _keep(coords, vals, mask):
+    return coords[:, mask], vals[mask]
+
+
+def _slice_entries(coords, vals, d: int, s: slice, size: int):
+    """Entries of ``x[..., s, ...]`` along ``d``; returns them and the new size."""
+    start, stop, step = s.indices(size)
+    if step <= 0:
+        raise ScorchValueError(f"indexing: slice step must be positive (as in torch), got {s.step}")
+    n = len(range(start, stop, step))
+    if (start, n, step) == (0, size, 1):
+        return coords, vals, size
+    c = coords[d]
+    coords, vals = _keep(coords, vals, (c >= start) & (c < stop) & ((c - start) % step == 0))
+    coords[d] = torch.div(coords[d] - start, step, rounding_mode="floor")
+    return coords, vals, n
+
+
+@implements(torch.index_select, torch.Tensor.index_select)
+def index_select(input, dim, index, *, out=None):
+    """Entries of ``input`` at positions ``index`` (1-d, repeats allowed) along ``dim``."""
+    if not isinstance(input, SparseTensor) or out is not None:
+        return _dense_call(torch.index_select, input, dim, index, out=out)
+    d = _dim(dim, input.dim(), "index_select")
+    idx = _index_tensor(index, input._shape[d], "index_select", negative=False)
+    coords, vals = _take(*input.coo(), d, idx)
+    shape = input._shape[:d] + (idx.numel(),) + input._shape[d + 1:]
+    return _rebuild_like(input, shape, coords, vals)
+
+
+@implements(torch.select, torch.Tensor.select)
+def select(input, dim, index):
+    """``input`` at position ``index`` of ``dim``, without that dim."""
+    d = _dim(dim, input.dim(), "select")
+    return getitem(input, (slice(None),) * d + (_int(index, "select", "index"),))
+
+
+@implements(torch.narrow, torch.Tensor.narrow)
+def narrow(input, dim, start, length):
+    """Positions ``start .. start+length-1`` of ``dim``."""
+    d = _dim(dim, input.dim(), "narrow")
+    size = input._shape[d]
+    start, length = _int(start, "narrow", "start"), _int(length, "narrow", "length")
+    start = start + size if start < 0 else start
+    if not (0 <= start <= size and 0 <= length <= size - start):
+        raise ScorchIndexError(f"narrow: start={start}, length={length} do not fit dim {d} of size {size}")
+    return getitem(input, (slice(None),) * d + (slice(start, start + length),))
+
+
+# --------------------------------------------------------------- x[key]
+
+def _unsupported_key(key, why: str):
+    return NotSupportedError(
+        f"indexing a SparseTensor with {key!r}: {why}; supported: ints, slices with a positive step, "
+        "None, ..., and one 1-d integer tensor/list; use x.to_dense()[...] instead")
+
+
+def _classify(item):
+    """``(kind, value)`` for one entry of an index tuple."""
+    if item is None:
+        return "new", None
+    if item is Ellipsis:
+        return "ellipsis", None
+    if isinstance(item, slice):
+        return "slice", item
+    if isinstance(item, (bool, SparseTensor)):
+        return None, None
+    if isinstance(item, torch.Tensor):
+        if item.dtype in (torch.bool, torch.uint8) or item.dtype.is_floating_point or item.dtype.is_complex:
+            return None, None
+        return ("int", int(item)) if item.dim() == 0 else (("take", item) if item.dim() == 1 else (None, None))
+    if isinstance(item, (list, tuple)):
+        if all(isinstance(i, int) and not isinstance(i, bool) for i in item):
+            return "take", item
+        return None, None
+    try:
+        return "int", operator.index(item)
+    except TypeError:
+        return None, None
+
+
+def _parse_key(key, ndim: int) -> list:
+    """The key as ``(kind, value)`` items, Ellipsis expanded and trailing dims filled."""
+    items = [_classify(k) for k in (key if isinstance(key, tuple) else (key,))]
+    if any(kind is None for kind, _ in items):
+        raise _unsupported_key(key, "this index form is not supported")
+    if sum(kind == "ellipsis" for kind, _ in items) > 1:
+        raise ScorchValueError(f"indexing: at most one Ellipsis (...) per index, got {key!r}")
+    used = sum(kind in ("int", "slice", "take") for kind, _ in items)
+    if used > ndim:
+        raise ScorchIndexError(f"indexing: too many indices ({used}) for a {ndim}-d tensor: {key!r}")
+    fill = [("slice", slice(None))] * (ndim - used)
+    at = next((i for i, (kind, _) in enumerate(items) if kind == "ellipsis"), len(items))
+    items = items[:at] + fill + items[at + 1:]
+    _check_advanced(items, key)
+    return items
+
+
+def _check_advanced(items, key) -> None:
+    """One tensor index at most, and not separated from the int indices (torch would
+    then move the indexed dim to the front)."""
+    takes = [i for i, (kind, _) in enumerate(items) if kind == "take"]
+    if len(takes) > 1:
+        raise _unsupported_key(key, "several tensor indices (torch broadcasts them together)")
+    if takes:
+        adv = [i for i, (kind, _) in enumerate(items) if kind in ("int", "take")]
+        if adv[-1] - adv[0] + 1 != len(adv):
+            raise _unsupported_key(key, "a tensor index separated from an int index")
+
+
+@implements(torch.Tensor.__getitem__)
+def getitem(x, key):
+    """``x[key]`` for ints, positive-step slices, None, Ellipsis and one integer index
+    tensor/list, on any dims; other keys raise NotSupportedError."""
+    if not isinstance(x, SparseTensor):
+        return _dense_call(torch.Tensor.__getitem__, x, key)
+    coords, vals = x.coo()
+    rows, shape, d = [], [], 0
+    for kind, v in _parse_key(key, x.dim()):
+        if kind == "new":
+            rows.append(None)
+            shape.append(1)
+            continue
+        size = x._shape[d]
+        if kind == "int":
+            i = _index_tensor(v, size, f"indexing dim {d}", negative=True)
+            coords, vals = _keep(coords, vals, coords[d] == i)
+        elif kind == "slice":
+            coords, vals, n = _slice_entries(coords, vals, d, v, size)
+            rows.append(d)
+            shape.append(n)
+        else:
+            idx = _index_tensor(v, size, f"indexing dim {d}", negative=True)
+            coords, vals = _take(coords, vals, d, idx)
+            rows.append(d)
+            shape.append(idx.numel())
+        d += 1
+    zeros = torch.zeros(vals.numel(), dtype=_I64)
+    out = _stack_rows([zeros if r is None else coords[r] for r in rows], vals.numel())
+    return _rebuild_like(x, shape, out, vals)
+
+
+# ================================================================ cat / stack
+
+def _entries(t, arg: str):
+    """``(coords, values)`` of the stored entries of a sparse or dense tensor."""
+    if isinstance(t, SparseTensor):
+        return t.coo()
+    if not isinstance(t, torch.Tensor):
+        raise ScorchTypeError(f"{arg} must be a tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        return as_sparse(t, "coo").coo()
+    coords = t.nonzero().t()
+    return coords, t[tuple(coords)] if coords.shape[1] else torch.zeros(0, dtype=t.dtype)
+
+
+def _sequence(tensors, op: str) -> list:
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
+        raise ScorchTypeError(f"{op}: tensors must be a list or tuple of tensors, got {type(tensors).__name__}")
+    if not tensors:
+        raise ScorchValueError(f"{op}: tensors must be a non-empty list of tensors, got an empty one")
+    for k, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise ScorchTypeError(f"{op}: tensors[{k}] must be a tensor, got {type(t).__name__}")
+        if t.dim() == 0:
+            raise ScorchValueError(f"{op}: tensors[{k}] is 0-d; every tensor needs at least 1 dim")
+    return list(tensors)
+
+
+def _common(tensors):
+    """(format, dtype, index dtype) of the result: the first SparseTensor's format, the
+    promoted dtype and int64 indices if any SparseTensor has them."""
+    sparse = [t for t in tensors if isinstance(t, SparseTensor)]
+    fmt = sparse[0]._format if sparse else preset("coo", tensors[0].dim())
+    dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+    wide = any(t.index_dtype == _I64 for t in sparse)
+    return fmt, dtype, _I64 if wide else torch.int32
+
+
+@implements(torch.cat, torch.concat, torch.concatenate)
+def cat(tensors, dim=0, *, axis=None, out=None):
+    """Concatenate along ``dim``; dense tensors among ``tensors`` are sparsified first."""
+    if out is not None:
+        raise NotSupportedError("cat: out= is not supported with SparseTensor inputs; use the returned tensor")
+    dim = dim if axis is None else axis
+    tensors = _sequence(tensors, "cat")
+    if any(t.dim() != 1 for t in tensors):  # torch skips legacy empty 1-d tensors
+        tensors = [t for t in tensors if tuple(t.shape) != (0,)] or tensors[:1]
+    ref = tuple(tensors[0].shape)
+    d = _dim(dim, len(ref), "cat")
+    for k, t in enumerate(tensors):
+        if t.dim() != len(ref) or any(a != b for i, (a, b) in enumerate(zip(t.shape, ref)) if i != d):
+            want = "(" + ", ".join("*" if i == d else str(s) for i, s in enumerate(ref)) + ")"
+            raise ScorchValueError(f"cat: tensors[{k}] has shape {tuple(t.shape)}, expected {want} "
+                                   f"(the shape of the first tensor except in dim {d})")
+    fmt, dtype, index_dtype = _common(tensors)
+    coords, vals, offset = [], [], 0
+    for k, t in enumerate(tensors):
+        c, v = _entries(t, f"cat: tensors[{k}]")
+        c = c.clone()
+        c[d] += offset
+        coords.append(c)
+        vals.append(v.to(dtype))
+        offset += t.shape[d]
+    shape = ref[:d] + (offset,) + ref[d + 1:]
+    return rebuild(fmt, shape, torch.cat(coords, 1), torch.cat(vals), index_dtype)
+
+
+@implements(torch.stack)
+def stack(tensors, dim=0, *, out=None):
+    """Stack equal-shaped tensors along a new dim ``dim``; dense ones are sparsified first."""
+    if out is not None:
+        raise NotSupportedError("stack: out= is not supported with SparseTensor inputs; use the returned tensor")
+    tensors = _sequence(tensors, "stack")
+    ref = tuple(tensors[0].shape)
+    for k, t in enumerate(tensors):
+        if tuple(t.shape) != ref:
+            raise ScorchValueError(
+                f"stack: tensors[{k}] has shape {tuple(t.shape)}, expected {ref} (all tensors must have the same shape)")
+    d = _dim(dim, len(ref) + 1, "stack")
+    fmt, dtype, index_dtype = _common(tensors)
+    coords, vals = [], []
+    for k, t in enumerate(tensors):
+        c, v = _entries(t, f"stack: tensors[{k}]")
+        coords.append(torch.cat([c[:d], torch.full((1, v.numel()), k, dtype=_I64), c[d:]]))
+        vals.append(v.to(dtype))
+    shape = ref[:d] + (len(tensors),) + ref[d:]
+    return rebuild(fmt, shape, torch.cat(coords, 1), torch.cat(vals), index_dtype)

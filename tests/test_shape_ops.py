@@ -1,0 +1,640 @@
+"""Shape ops on SparseTensors: reshape family, indexing, cat/stack, rearrange.
+
+The oracle is always the same op on the dense tensor (``x.to_dense()`` then
+torch): results must be SparseTensors with the same shape, dtype and values
+(``torch.equal``), built without densifying.
+"""
+
+import math
+import re
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import scorch
+import scorch.ops.rearrange  # noqa: F401  (registers nothing; imported for symmetry)
+import scorch.ops.shape  # noqa: F401  (registers the shape ops in the dispatch table)
+from scorch import Format, NotSupportedError, ScorchTypeError, ScorchValueError, SparseTensor, compressed, dense
+from scorch.ops.rearrange import Pattern, parse_pattern, rearrange
+from scorch.ops.shape import result_format
+
+from strategies import assert_dense_equal, densities, make_dense, seeds, shapes
+
+pytestmark = pytest.mark.filterwarnings("error:scorch. .* has no sparse implementation:UserWarning")
+
+FORMATS = ("coo", "csr", "csc", "dcsr", "csf", "ell")
+BSR = scorch.formats.bsr(2, 2)
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def formats_for(shape) -> list:
+    """The tested formats that apply to a tensor of ``shape`` (bsr 2x2 when it divides it)."""
+    out = [f for f in FORMATS if len(shape) >= 2 or f != "csc"]
+    if len(shape) == 2 and shape[0] % 2 == 0 and shape[1] % 2 == 0:
+        out.append(BSR)
+    return out
+
+
+def sample(shape, seed=0, dtype=torch.float64, density=0.4) -> torch.Tensor:
+    return make_dense(shape, density, seed, dtype)
+
+
+def check(result, expected: torch.Tensor, src: SparseTensor = None) -> None:
+    """``result`` is a SparseTensor equal to the dense ``expected`` (shape, dtype, values);
+    with ``src``, it also kept ``src``'s index dtype."""
+    assert isinstance(result, SparseTensor), type(result)
+    assert result.shape == expected.shape, (result.shape, expected.shape)
+    assert result.dtype == expected.dtype, (result.dtype, expected.dtype)
+    assert_dense_equal(result.to_dense(), expected)
+    if src is not None:
+        assert result.index_dtype == src.index_dtype, (result.index_dtype, src.index_dtype)
+
+
+@st.composite
+def sparse_tensors(draw, min_dims=1, max_dims=4):
+    """``(A, x)``: a SparseTensor in one of the tested formats and its dense value."""
+    shape = draw(shapes(min_dims, max_dims))
+    dtype = draw(st.sampled_from([torch.float64, torch.float32, torch.int32]))
+    x = make_dense(shape, draw(densities), draw(seeds), dtype)
+    fmt = draw(st.sampled_from(formats_for(shape)))
+    index_dtype = draw(st.sampled_from([torch.int32, torch.int64]))
+    return scorch.as_sparse(x, fmt, index_dtype=index_dtype), x
+
+
+def divisors(n: int) -> list:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@st.composite
+def reshape_targets(draw, numel: int):
+    """A shape with ``numel`` elements, maybe with one -1 (only where it is inferable)."""
+    n = draw(st.integers(1, 4))
+    if numel == 0:
+        sizes = draw(st.lists(st.integers(0, 4), min_size=n, max_size=n))
+        sizes[draw(st.integers(0, n - 1))] = 0
+    else:
+        sizes, rest = [], numel
+        for _ in range(n - 1):
+            d = draw(st.sampled_from(divisors(rest)))
+            sizes.append(d)
+            rest //= d
+        sizes = list(draw(st.permutations(sizes + [rest])))
+    i = draw(st.integers(0, n - 1))
+    if draw(st.booleans()) and math.prod(s for j, s in enumerate(sizes) if j != i):
+        sizes[i] = -1
+    return tuple(sizes)
+
+
+# ================================================================ reshape / view / flatten
+
+
+@SETTINGS
+@given(st.data())
+def test_reshape_matches_dense(data):
+    A, x = data.draw(sparse_tensors())
+    target = data.draw(reshape_targets(x.numel()))
+    check(A.reshape(target), x.reshape(target), A)
+    check(torch.reshape(A, target), x.reshape(target), A)
+    check(A.view(*target), x.view(*target), A)
+
+
+RESHAPES = [
+    ((3, 4), (4, 3)), ((3, 4), (12,)), ((3, 4), (2, -1, 2)), ((12,), (3, 4)), ((5,), (5, 1)),
+    ((2, 3, 4), (6, 4)), ((2, 3, 4), (4, -1)), ((2, 2, 3, 2), (4, 6)), ((2, 2, 3, 2), (24,)),
+    ((0, 4), (2, 0, 2)), ((0, 4), (-1, 4)), ((3, 0, 2), (0,)), ((4, 6), (6, 4)),
+]
+
+
+@pytest.mark.parametrize("shape,target", RESHAPES, ids=str)
+def test_reshape_cases_every_format(shape, target):
+    x = sample(shape)
+    for fmt in formats_for(shape):
+        A = scorch.as_sparse(x, fmt)
+        check(A.reshape(*target), x.reshape(*target), A)
+        check(A.reshape(torch.Size(target)), x.reshape(target), A)
+        check(A.view(list(target)), x.reshape(target), A)
+
+
+def test_reshape_keeps_the_stored_entries():
+    x = sample((4, 6), density=0.3)
+    for fmt in ("coo", "csr", "csc", "dcsr", "ell"):
+        A = scorch.as_sparse(x, fmt)
+        assert A.reshape(3, 8).nnz == A.nnz == int((x != 0).sum())
+        assert A.reshape(2, 3, 4).nnz == A.nnz
+
+
+def test_reshape_to_the_same_shape_shares_storage():
+    A = scorch.as_sparse(sample((3, 4)), "csr")
+    B = A.reshape(3, 4)
+    assert B.values() is A.values() and B.shape == A.shape
+
+
+def test_view_is_a_copy_that_behaves_like_reshape():
+    x = sample((4, 6))
+    A = scorch.as_sparse(x, "coo")
+    V = A.view(6, 4)
+    check(V, x.view(6, 4), A)
+    assert V.values().data_ptr() != A.values().data_ptr()  # documented: a copy, not a view
+    check(A.view(size=(24,)), x.view(24), A)
+
+
+def test_view_dtype_is_not_supported():
+    A = scorch.as_sparse(sample((2, 2)), "csr")
+    with pytest.raises(NotSupportedError, match=r"view\(dtype=torch.int64\).*to_dense"):
+        A.view(torch.int64)
+
+
+@SETTINGS
+@given(st.data())
+def test_flatten_matches_dense(data):
+    A, x = data.draw(sparse_tensors())
+    n = x.dim()
+    start = data.draw(st.integers(-n, n - 1))
+    end = data.draw(st.integers(start % n, n - 1))
+    check(A.flatten(start, end), x.flatten(start, end), A)
+    check(torch.flatten(A, start_dim=start), torch.flatten(x, start_dim=start), A)
+    check(A.ravel(), x.ravel(), A)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_unflatten_matches_dense(fmt):
+    x = sample((2, 12, 3))
+    A = scorch.as_sparse(x, fmt)
+    check(A.unflatten(1, (3, -1)), x.unflatten(1, (3, -1)), A)
+    check(torch.unflatten(A, -1, (1, 3)), torch.unflatten(x, -1, (1, 3)), A)
+
+
+@pytest.mark.parametrize("shape", [(5,), (3, 4), (2, 1, 3), (1, 2, 1, 3), (0, 2), (2, 0, 1)], ids=str)
+def test_unsqueeze_squeeze_match_dense(shape):
+    x = sample(shape)
+    for fmt in formats_for(shape):
+        A = scorch.as_sparse(x, fmt)
+        for d in range(-x.dim() - 1, x.dim() + 1):
+            check(A.unsqueeze(d), x.unsqueeze(d), A)
+            check(torch.unsqueeze(A, d), x.unsqueeze(d), A)
+        check(A.squeeze(), x.squeeze(), A)
+        for d in range(-x.dim(), x.dim()):
+            check(A.squeeze(d), x.squeeze(d), A)  # a dim that is not size 1 is left alone
+        check(torch.squeeze(A, tuple(range(x.dim() - 1))), torch.squeeze(x, tuple(range(x.dim() - 1))), A)
+
+
+def test_squeeze_to_0d_gives_a_dense_scalar():
+    for v in (0.0, 2.5):
+        A = scorch.as_sparse(torch.tensor([[v]]), "csr")
+        out = A.squeeze()
+        assert type(out) is torch.Tensor and out.dim() == 0 and out.dtype == A.dtype
+        assert float(out) == v
+
+
+def test_result_format_rules():
+    x = sample((4, 6))
+    assert A_fmt(x, "csr", (2, 2, 6)) == scorch.formats.preset("csr", 3)
+    assert A_fmt(x, "csr", (6, 4)) == scorch.formats.csr
+    assert A_fmt(x, "csc", (24,)) == scorch.formats.preset("coo", 1)  # csc needs 2 dims
+    assert A_fmt(x, "ell", (2, 12)) == scorch.formats.ell
+    assert A_fmt(x, BSR, (6, 4)) == BSR                                  # the block still divides
+    assert A_fmt(x, BSR, (8, 3)) == scorch.formats.coo                   # it does not: coo
+    user = Format([compressed, dense])
+    assert A_fmt(x, user, (8, 3)) == user                                # same ndim: kept
+    assert A_fmt(x, user, (2, 3, 4)) == scorch.formats.preset("coo", 3)  # no name: coo
+    assert result_format(user, (2, 3, 4)) == scorch.formats.preset("coo", 3)
+
+
+def A_fmt(x, fmt, target):
+    return scorch.as_sparse(x, fmt).reshape(target).format
+
+
+def test_index_dtype_is_kept_and_widened_only_when_needed():
+    x = sample((4, 6))
+    assert scorch.as_sparse(x, "csr", index_dtype=torch.int64).reshape(-1).index_dtype == torch.int64
+    assert scorch.as_sparse(x, "csr", index_dtype=torch.int32).reshape(-1).index_dtype == torch.int32
+    n = 2**16  # a 2**16 x 2**16 tensor flattens to coordinates beyond int32: never densified
+    A = scorch.sparse_coo([[1, n - 1], [2, n - 1]], [1.0, 2.0], (n, n), format="csr")
+    assert A.index_dtype == torch.int32
+    B = A.reshape(-1)
+    assert B.shape == (n * n,) and B.index_dtype == torch.int64
+    coords, vals = B.coo()
+    assert coords.tolist() == [[n + 2, n * n - 1]] and vals.tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda A: A.reshape(4, 3), r"shape \(4, 3\) has 12 elements, expected 9.*\(3, 3\)"),
+    (lambda A: A.reshape(-1, -1), "at most one -1"),
+    (lambda A: A.reshape(-2, 9), "at most one -1"),
+    (lambda A: A.reshape(2, -1), r"cannot infer the -1 in shape \(2, -1\).*9 elements"),
+    (lambda A: A.view(10), "expected 9"),
+    (lambda A: A.flatten(1, 0), "start_dim=1 comes after end_dim=0"),
+    (lambda A: A.unflatten(0, (2, 2)), "expected 3"),
+])
+def test_reshape_errors_name_expected_and_actual(call, match):
+    A = scorch.as_sparse(sample((3, 3)), "csr")
+    with pytest.raises(ScorchValueError, match=match):
+        call(A)
+
+
+def test_reshape_of_empty_into_ambiguous_minus_one_fails():
+    A = scorch.as_sparse(torch.zeros(0, 4), "coo")
+    with pytest.raises(ValueError, match="cannot infer"):
+        A.reshape(0, -1)
+
+
+def test_bad_dims_and_shape_types():
+    A = scorch.as_sparse(sample((3, 3)), "csr")
+    with pytest.raises(IndexError, match=r"unsqueeze: dim=3 is out of range for a 3-d tensor"):
+        A.unsqueeze(3)
+    with pytest.raises(ScorchValueError, match=r"squeeze: dim=-3"):
+        A.squeeze(-3)
+    with pytest.raises(TypeError):  # torch's argument parser rejects this before dispatch
+        A.reshape(3.0, 3)
+    with pytest.raises(ScorchTypeError, match="shape must be an int, got float"):
+        scorch.ops.shape.reshape(A, (3.0, 3))
+    with pytest.raises(ScorchTypeError, match="got bool"):
+        scorch.ops.shape.reshape(A, (True, 9))
+
+
+# ================================================================ index_select / indexing
+
+
+@SETTINGS
+@given(st.data())
+def test_index_select_matches_dense(data):
+    A, x = data.draw(sparse_tensors())
+    d = data.draw(st.integers(-x.dim(), x.dim() - 1))
+    size = x.shape[d]
+    idx = data.draw(st.lists(st.integers(0, size - 1), max_size=8)) if size else []
+    index = torch.tensor(idx, dtype=data.draw(st.sampled_from([torch.int64, torch.int32])))
+    check(torch.index_select(A, d, index), torch.index_select(x, d, index), A)
+    check(A.index_select(d, index), x.index_select(d, index), A)
+
+
+def test_index_select_errors():
+    A = scorch.as_sparse(sample((3, 4)), "csr")
+    with pytest.raises(IndexError, match=r"index 4 is out of range for a dim of size 4 \(expected \[0, 3\]\)"):
+        A.index_select(1, torch.tensor([0, 4]))
+    with pytest.raises(ScorchValueError, match="index -1 is out of range"):
+        A.index_select(0, torch.tensor([-1]))  # torch rejects negatives here too
+    with pytest.raises(ScorchTypeError, match="index must be an integer tensor, got dtype torch.float32"):
+        A.index_select(0, torch.tensor([0.0]))
+    with pytest.raises(ScorchValueError, match=r"index must be 0-d or 1-d, got shape \(1, 1\)"):
+        A.index_select(0, torch.tensor([[0]]))
+
+
+KEYS_3D = [
+    1, -1, slice(1, 3), slice(None, None, 2), slice(-3, None), slice(5, 1), slice(0, 100, 3),
+    torch.tensor([2, 0, 2, -1]), [1, 1], torch.tensor(0), (slice(None), 2), (slice(None), -1, slice(1, 4)),
+    (0, 1), (0, 1, 2), (Ellipsis, 0), (None, 1), (slice(None), None, 0), (1, Ellipsis, None),
+    (slice(None), [0, 2]), (slice(None), 1, [3, 3, 0]), (slice(1, None), slice(None, None, 2), -2), (),
+]
+
+
+@pytest.mark.parametrize("key", KEYS_3D, ids=repr)
+def test_getitem_matches_dense(key):
+    x = sample((4, 3, 5), seed=1)
+    for fmt in formats_for(x.shape):
+        A = scorch.as_sparse(x, fmt)
+        out, want = A[key], x[key]
+        if want.dim() == 0:
+            assert type(out) is torch.Tensor
+            assert_dense_equal(out, want)
+        else:
+            check(out, want, A)
+
+
+@pytest.mark.parametrize("shape", [(6,), (0,), (4, 6), (0, 3), (2, 0, 3), (2, 3, 2, 3)], ids=str)
+def test_getitem_first_dim_every_format(shape):
+    x = sample(shape, seed=2)
+    n = shape[0]
+    keys = [slice(1, None), slice(None, None, 2), slice(-2, None), [0, -1] if n else [], torch.arange(n).flip(0)]
+    keys += [0, -1] if n else []
+    for fmt in formats_for(shape):
+        A = scorch.as_sparse(x, fmt)
+        for key in keys:
+            want = x[key]
+            if want.dim() == 0:
+                assert_dense_equal(A[key], want)
+            else:
+                check(A[key], want, A)
+
+
+@st.composite
+def basic_keys(draw, shape):
+    """An index tuple of ints, slices (any bounds, positive step), None and maybe Ellipsis."""
+    items = []
+    for size in shape[:draw(st.integers(0, len(shape)))]:
+        if size and draw(st.booleans()):
+            items.append(draw(st.integers(-size, size - 1)))
+        else:
+            bound = st.none() | st.integers(-size - 2, size + 2)
+            items.append(slice(draw(bound), draw(bound), draw(st.none() | st.integers(1, 3))))
+    if draw(st.booleans()):
+        items.insert(draw(st.integers(0, len(items))), None)
+    if draw(st.booleans()):
+        items.insert(draw(st.integers(0, len(items))), Ellipsis)
+    return tuple(items)
+
+
+@SETTINGS
+@given(st.data())
+def test_getitem_random_basic_keys(data):
+    A, x = data.draw(sparse_tensors())
+    key = data.draw(basic_keys(tuple(x.shape)))
+    out, want = A[key], x[key]
+    if want.dim() == 0:
+        assert_dense_equal(out, want)
+    else:
+        check(out, want, A)
+
+
+def test_int_index_of_1d_gives_a_dense_scalar():
+    A = scorch.as_sparse(torch.tensor([0.0, 3.0, 0.0, -2.0]), "coo")
+    for i, v in [(1, 3.0), (-1, -2.0), (0, 0.0)]:
+        out = A[i]
+        assert type(out) is torch.Tensor and out.shape == () and out.dtype == torch.float32 and float(out) == v
+
+
+@pytest.mark.parametrize("key", [
+    torch.tensor([True, False, True]), True, 1.5, (torch.tensor([0]), torch.tensor([1])),
+    (0, slice(None), torch.tensor([1])), torch.tensor([[0, 1]]), [True, False, True],
+], ids=repr)
+def test_unsupported_keys_raise_with_a_workaround(key):
+    A = scorch.as_sparse(sample((3, 3, 3)), "csr")
+    with pytest.raises(NotSupportedError, match=r"indexing a SparseTensor with .*x\.to_dense\(\)\[\.\.\.\]"):
+        A[key]
+
+
+def test_bad_keys():
+    A = scorch.as_sparse(sample((3, 4)), "csr")
+    with pytest.raises(IndexError, match=r"indexing dim 1: index 4 is out of range for a dim of size 4"):
+        A[:, 4]
+    with pytest.raises(ScorchValueError, match=r"index -4 is out of range"):
+        A[-4]
+    with pytest.raises(IndexError, match=r"too many indices \(3\) for a 2-d tensor"):
+        A[0, 0, 0]
+    with pytest.raises(ScorchValueError, match="slice step must be positive"):
+        A[::-1]
+    with pytest.raises(ScorchValueError, match="at most one Ellipsis"):
+        A[..., ...]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_select_and_narrow_match_dense(fmt):
+    x = sample((3, 4, 5))
+    A = scorch.as_sparse(x, fmt)
+    for d in range(-3, 3):
+        check(A.select(d, 1), x.select(d, 1), A)
+        check(torch.narrow(A, d, 1, 2), torch.narrow(x, d, 1, 2), A)
+    check(A.narrow(2, -2, 2), x.narrow(2, -2, 2), A)
+    with pytest.raises(IndexError, match="narrow: start=2, length=4"):
+        A.narrow(1, 2, 4)
+
+
+# ================================================================ cat / stack
+
+
+@pytest.mark.parametrize("shape", [(5,), (3, 4), (2, 4), (2, 3, 4), (2, 0, 2), (1, 2, 2, 2)], ids=str)
+def test_cat_matches_dense(shape):
+    for fmt in formats_for(shape):
+        for d in range(-len(shape), len(shape)):
+            parts = [sample(shape, seed=s) for s in range(3)]
+            other = list(shape)
+            other[d] = 2 if shape[d] % 2 == 0 else 0  # a piece of another size along d (bsr: still even)
+            parts.append(sample(tuple(other), seed=4))
+            As = [scorch.as_sparse(p, fmt) for p in parts[:2]] + parts[2:]  # dense ones are sparsified
+            check(torch.cat(As, d), torch.cat(parts, d), As[0])
+            check(torch.cat([parts[0], As[1]], dim=d), torch.cat(parts[:2], dim=d), As[1])
+
+
+@pytest.mark.parametrize("shape", [(5,), (3, 4), (2, 3, 4), (0, 3), (2, 1, 2, 2)], ids=str)
+def test_stack_matches_dense(shape):
+    for fmt in formats_for(shape):
+        for d in range(-len(shape) - 1, len(shape) + 1):
+            parts = [sample(shape, seed=s) for s in range(3)]
+            As = [scorch.as_sparse(parts[0], fmt), parts[1], scorch.as_sparse(parts[2], "coo")]
+            check(torch.stack(As, d), torch.stack(parts, d), As[0])
+
+
+def test_cat_stack_result_layout():
+    x, y = sample((2, 3)), sample((2, 3), seed=1)
+    A, B = scorch.as_sparse(x, "csc"), scorch.as_sparse(y, "coo", index_dtype=torch.int64)
+    assert torch.cat([A, B]).format == scorch.formats.csc           # the first sparse operand's format
+    assert torch.cat([y, A, B]).index_dtype == torch.int64          # any int64 operand widens
+    assert torch.cat([y, A]).index_dtype == torch.int32
+    assert torch.stack([A, B]).format == scorch.formats.preset("csc", 3)
+    assert torch.concat([B, A], 1).format == scorch.formats.coo
+    check(torch.concatenate([A, y], axis=1), torch.cat([x, y], 1))
+
+
+def test_cat_promotes_dtypes_and_skips_legacy_empty():
+    x = sample((2, 3), dtype=torch.float32)
+    y = sample((1, 3), dtype=torch.float64, seed=3)
+    A = scorch.as_sparse(x, "csr")
+    check(torch.cat([A, y]), torch.cat([x, y]))
+    check(torch.cat([A, torch.zeros(0)]), torch.cat([x, torch.zeros(0)]))
+    z = sample((2, 3), dtype=torch.int32)
+    check(torch.stack([scorch.as_sparse(z, "coo"), x]), torch.stack([z, x]))
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda A: torch.cat([A, torch.ones(2, 4)], 0), ScorchValueError,
+     r"cat: tensors\[1\] has shape \(2, 4\), expected \(\*, 3\)"),
+    (lambda A: torch.cat([A, torch.ones(3)], 0), ScorchValueError, r"tensors\[1\] has shape \(3,\)"),
+    (lambda A: torch.cat([A, A], 2), IndexError, "cat: dim=2 is out of range for a 2-d tensor"),
+    (lambda A: torch.cat([A, torch.tensor(1.0)]), ScorchValueError, r"tensors\[1\] is 0-d"),
+    (lambda A: torch.cat([A], out=torch.empty(2, 3)), NotSupportedError, "out="),
+    (lambda A: torch.stack([A, torch.ones(3, 2)]), ScorchValueError,
+     r"stack: tensors\[1\] has shape \(3, 2\), expected \(2, 3\)"),
+    (lambda A: torch.stack([A, A], 3), IndexError, "stack: dim=3 is out of range for a 3-d tensor"),
+])
+def test_cat_stack_errors(call, exc, match):
+    A = scorch.as_sparse(sample((2, 3)), "csr")
+    with pytest.raises(exc, match=match):
+        call(A)
+
+
+def test_cat_of_nothing():
+    with pytest.raises(ScorchValueError, match="non-empty"):
+        scorch.ops.shape.cat([])
+
+
+# ================================================================ rearrange: the parser
+
+
+@pytest.mark.parametrize("pattern,lhs,rhs", [
+    ("bd->bnd", "b d", "b n d"),
+    ("bd -> bnd", "b d", "b n d"),
+    ("b d -> b n d", "b d", "b n d"),
+    ("(b n) d -> b n d", "(b n) d", "b n d"),
+    ("b h w->b w h", "b h w", "b w h"),
+    ("batch seq -> (seq batch)", "batch seq", "(seq batch)"),
+    ("b 1 d -> b () d", "b () d", "b () d"),
+])
+def test_parse_pattern(pattern, lhs, rhs):
+    def groups(side):
+        return tuple(tuple(t.strip("()").split()) if t.startswith("(") else (t,)
+                     for t in re.findall(r"\([^)]*\)|\S+", side))
+    assert parse_pattern(pattern) == Pattern(groups(lhs), groups(rhs))
+
+
+def test_parse_pattern_ellipsis_alone_or_in_a_group():
+    assert parse_pattern("b ... -> (... b)") == Pattern((("b",), "..."), (("...", "b"),))
+    assert parse_pattern("b ... -> b (...)").rhs == (("b",), ("...",))
+
+
+def test_parse_pattern_compact_reads_letters_and_spaced_reads_names():
+    assert parse_pattern("ij->ji") == Pattern((("i",), ("j",)), (("j",), ("i",)))
+    assert parse_pattern("ij -> j i").lhs == (("ij",),)  # any space: the spaced form
+
+
+@pytest.mark.parametrize("pattern,match", [
+    ("b d", "must contain '->' exactly once"),
+    ("a -> b -> c", "must contain '->' exactly once"),
+    ("((a b)) -> a b", "nested parentheses"),
+    ("a b) -> a b", r"unmatched '\)'"),
+    ("(a b -> a b", r"unclosed '\('"),
+    ("a a -> a", "axis 'a' appears twice"),
+    ("aa->a", "axis 'a' appears twice"),
+    ("a 2 -> a", "'2' is not an axis name"),
+    ("a ... -> a", "'...' must be on both sides"),
+    ("a ... ... -> a ...", "axis '...' appears twice"),
+    ("(a ...) -> a ...", "cannot be inside a group on the left"),
+])
+def test_parse_pattern_errors(pattern, match):
+    with pytest.raises(ScorchValueError, match=match) as err:
+        parse_pattern(pattern)
+    assert repr(pattern) in str(err.value)
+
+
+def test_parse_pattern_rejects_non_strings():
+    with pytest.raises(ScorchTypeError, match="pattern must be a str, got int"):
+        parse_pattern(3)
+
+
+# ================================================================ rearrange: dense tensors
+
+
+def test_rearrange_seed_dispatch_broadcast():
+    B, N, D = 3, 4, 5
+    x = torch.randn(B, D)
+    out = rearrange(x, "bd->bnd", n=N)
+    assert_dense_equal(out.contiguous(), x.unsqueeze(1).expand(B, N, D).contiguous())
+    assert out.shape == (B, N, D)
+
+
+HANDWRITTEN = [
+    ("b d -> b n d", {"n": 3}, (2, 5), lambda x: x.unsqueeze(1).expand(2, 3, 5)),
+    ("(b n) d -> b n d", {"n": 2}, (6, 5), lambda x: x.reshape(3, 2, 5)),
+    ("b n d -> (b n) d", {}, (2, 3, 4), lambda x: x.reshape(6, 4)),
+    ("b h w -> b w h", {}, (2, 3, 4), lambda x: x.permute(0, 2, 1)),
+    ("b h w -> (w b) h", {}, (2, 3, 4), lambda x: x.permute(2, 0, 1).reshape(8, 3)),
+    ("b (h c) -> c b h", {"c": 2}, (2, 6), lambda x: x.reshape(2, 3, 2).permute(2, 0, 1)),
+    ("b d -> n b d", {"n": 0}, (2, 3), lambda x: x.unsqueeze(0).expand(0, 2, 3)),
+    ("b d -> (n b) d", {"n": 2}, (2, 3), lambda x: x.repeat(2, 1)),
+    ("b d -> b (d n)", {"n": 2}, (2, 3), lambda x: x.repeat_interleave(2, 1)),
+    ("ij->ji", {}, (2, 3), lambda x: x.t()),
+    ("b ... -> ... b", {}, (2, 3, 4), lambda x: x.permute(1, 2, 0)),
+    ("b 1 d -> b d ()", {}, (2, 1, 3), lambda x: x.reshape(2, 3, 1)),
+    ("b ... -> b (...)", {}, (2, 3, 4), lambda x: x.reshape(2, 12)),
+    ("(b n) d -> b n d", {"n": 2}, (0, 4), lambda x: x.reshape(0, 2, 4)),
+]
+
+
+@pytest.mark.parametrize("pattern,sizes,shape,expect", HANDWRITTEN, ids=[h[0] for h in HANDWRITTEN])
+def test_rearrange_dense_matches_handwritten_torch(pattern, sizes, shape, expect):
+    x = torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape)
+    out = rearrange(x, pattern, **sizes)
+    assert type(out) is torch.Tensor
+    assert_dense_equal(out.contiguous(), expect(x).contiguous())
+
+
+@pytest.mark.parametrize("pattern,sizes,shape,expect", HANDWRITTEN, ids=[h[0] for h in HANDWRITTEN])
+def test_rearrange_dense_matches_einops(pattern, sizes, shape, expect):
+    einops = pytest.importorskip("einops")
+    if "(" not in pattern and " " not in pattern:
+        pattern = " -> ".join(" ".join(side.strip()) for side in pattern.split("->"))  # compact -> spaced
+    x = torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape)
+    try:
+        want = einops.repeat(x, pattern, **sizes) if any(k not in pattern.split("->")[0] for k in sizes) \
+            else einops.rearrange(x, pattern, **sizes)
+    except einops.EinopsError as e:  # e.g. an einops version without size-0 axes
+        pytest.skip(f"einops rejects it: {e}")
+    assert_dense_equal(rearrange(x, pattern, **sizes).contiguous(), want.contiguous())
+
+
+def test_rearrange_dense_is_a_view_when_torch_can():
+    x = torch.randn(2, 3, 4)
+    assert rearrange(x, "b h w -> b w h")._base is x
+
+
+# ================================================================ rearrange: sparse tensors
+
+
+@st.composite
+def rearrange_cases(draw):
+    """``(A, x, pattern, sizes)``: a random split / permute / merge / new-axis pattern."""
+    A, x = draw(sparse_tensors(max_dims=3))
+    names = "abcd"[:x.dim()]
+    lhs, axes, sizes = [], [], {}
+    for a, s in zip(names, x.shape):
+        if s % 2 == 0 and draw(st.booleans()):  # split the dim: (a z) with z=2
+            lhs.append(f"({a} {a.upper()})")
+            axes += [a, a.upper()]
+            sizes[a.upper()] = 2
+        else:
+            lhs.append(a)
+            axes.append(a)
+    axes = list(draw(st.permutations(axes)))
+    if draw(st.booleans()):
+        axes.insert(draw(st.integers(0, len(axes))), "n")
+        sizes["n"] = draw(st.integers(0, 3))
+    rhs, i = [], 0
+    while i < len(axes):
+        k = draw(st.integers(1, len(axes) - i))
+        rhs.append(axes[i] if k == 1 else f"({' '.join(axes[i:i + k])})")
+        i += k
+    return A, x, f"{' '.join(lhs)} -> {' '.join(rhs)}", sizes
+
+
+@SETTINGS
+@given(rearrange_cases())
+def test_rearrange_sparse_matches_dense(case):
+    A, x, pattern, sizes = case
+    want = rearrange(x, pattern, **sizes).contiguous()
+    check(rearrange(A, pattern, **sizes), want, A)
+
+
+@pytest.mark.parametrize("pattern,sizes,shape,expect", HANDWRITTEN, ids=[h[0] for h in HANDWRITTEN])
+def test_rearrange_sparse_matches_handwritten_torch(pattern, sizes, shape, expect):
+    x = sample(shape, seed=5)
+    for fmt in formats_for(shape):
+        A = scorch.as_sparse(x, fmt)
+        check(rearrange(A, pattern, **sizes), expect(x).contiguous(), A)
+
+
+def test_rearrange_sparse_seed_repeats_entries_and_keeps_the_format():
+    x = sample((4, 6), density=0.3)
+    A = scorch.as_sparse(x, "csr", index_dtype=torch.int64)
+    out = rearrange(A, "bd->bnd", n=3)
+    check(out, x.unsqueeze(1).expand(4, 3, 6).contiguous(), A)
+    assert out.format == scorch.formats.preset("csr", 3) and out.nnz == 3 * A.nnz
+
+
+@pytest.mark.parametrize("pattern,sizes,match", [
+    ("b d -> b n d", {}, "axis 'n' is only on the right.*pass its size"),
+    ("b d -> b", {}, "axis 'd' of the left side is missing on the right"),
+    ("b d -> b d", {"q": 2}, "size given for unknown axis 'q'"),
+    ("(b n) d -> b n d", {}, "cannot infer the sizes of b, n in \\(b n\\)"),
+    ("(b n) d -> b n d", {"n": 4}, "dim 0 of size 6 cannot be split as \\(b n\\)"),
+    ("b d -> b d", {"d": 5}, "dim 1 has size 4, but d has size 5"),
+    ("b d e -> b d e", {}, "the left side has 3 dims, the input has 2"),
+    ("b d -> b n d", {"n": -1}, "size n=-1 must be a non-negative int"),
+    ("b d -> (b d", {}, "unclosed"),
+    ("a b c ... -> ...", {}, "the left side names 3 dims besides '...'"),
+])
+def test_rearrange_errors_repeat_pattern_and_shape(pattern, sizes, match):
+    for x in (sample((6, 4)), scorch.as_sparse(sample((6, 4)), "csr")):
+        with pytest.raises(ValueError, match=match) as err:
+            rearrange(x, pattern, **sizes)
+        assert repr(pattern) in str(err.value) and "(6, 4)" in str(err.value)
+        assert isinstance(err.value, ScorchValueError)
