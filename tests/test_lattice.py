@@ -7,7 +7,7 @@ import scorch
 from scorch.compiler import build
 from scorch.compiler.driver import evaluate
 from scorch.compiler.lattice import lattice, needs_every_coordinate
-from scorch.compiler.notation import Access, Neg, Op, Zero, without
+from scorch.compiler.notation import Access, Neg, Op, Zero, accesses, without
 
 A, B, X = Access(0, "ij"), Access(1, "ij"), Access(2, "ij")
 
@@ -88,3 +88,49 @@ def test_three_way_expression_and_vectors():
     e = Op("+", Op("*", Access(0, "i"), Access(1, "i")), Access(2, "i"))
     out = evaluate("i,i,i->i", ops, expr=e)
     torch.testing.assert_close(out.to_dense(), a * b + c)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+TORCH_OP = {"+": torch.add, "-": torch.sub, "*": torch.mul, "max": torch.maximum, "min": torch.minimum}
+
+
+@st.composite
+def expressions(draw, nops):
+    def tree(depth):
+        if depth == 0 or draw(st.booleans()):
+            k = draw(st.integers(0, nops - 1))
+            return Access(k, "ij"), k
+        op = draw(st.sampled_from(list(TORCH_OP)))
+        (a, _), (b, _) = tree(depth - 1), tree(depth - 1)
+        return Op(op, a, b), None
+    return tree(3)[0]
+
+
+def dense_eval(e, xs):
+    if isinstance(e, Access):
+        return xs[e.operand]
+    return TORCH_OP[e.op](dense_eval(e.a, xs), dense_eval(e.b, xs))
+
+
+@needs_cc
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_random_elementwise_programs(data):
+    nops = data.draw(st.integers(1, 3))
+    e = data.draw(expressions(nops))
+    shape = (data.draw(st.integers(0, 6)), data.draw(st.integers(0, 6)))
+    xs, ops = [], []
+    for k in range(nops):
+        x = rnd(*shape, density=data.draw(st.sampled_from([0.0, 0.3, 1.0])), seed=k) + 0.0
+        xs.append(x)
+        fmt = data.draw(st.sampled_from(["dense-tensor", "csr", "coo", "csc", "dcsr", "ell"]))
+        ops.append(x if fmt == "dense-tensor" else scorch.as_sparse(x, fmt))
+    used = sorted({a.operand for a in accesses(e)})
+    eq = ",".join(["ij"] * nops) + "->ij"
+    out = evaluate(eq, ops, expr=e)
+    want = dense_eval(e, xs)
+    got = out.to_dense() if isinstance(out, scorch.SparseTensor) else out
+    torch.testing.assert_close(got, want)
+    assert used  # the expression reads at least one operand

@@ -103,6 +103,13 @@ def _order_vars(ops, output: str, all_vars, first: tuple = ()):
     return tuple(order)
 
 
+def _has_union(e) -> bool:
+    """The expression adds, subtracts or takes max/min: some lattice point lacks an operand."""
+    if isinstance(e, Op):
+        return e.op not in ("*", "/") or _has_union(e.a) or _has_union(e.b)
+    return _has_union(e.a) if hasattr(e, "a") else False
+
+
 def _denominators(e) -> set:
     if isinstance(e, Op):
         inner = _denominators(e.a) | _denominators(e.b)
@@ -128,10 +135,12 @@ def make_schedule(einsum: Einsum, operands, out_format: str, expr=None) -> Sched
         if ops[k].sparse:
             ops[k] = Operand(ops[k].indices, None)
             notes.append(f"operand {k} densified: it divides, and x/0 is not zero")
-    # Co-iteration needs unique compressed levels (no singleton / padded / blocks).
+    # Co-iteration (two sparse operands on one index, or a union with anything) needs
+    # unique compressed levels: no singleton / padded / blocks.
+    union = _has_union(expr)
     for v in dict.fromkeys("".join(einsum.inputs)):
         users = [k for k, op in enumerate(ops) if op.sparse and v in op.indices]
-        if len(users) > 1:
+        if len(users) > 1 or (users and union):
             for k in users:
                 new = _unique_compressed(ops[k])
                 if new.fmt != ops[k].fmt:

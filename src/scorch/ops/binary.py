@@ -1,0 +1,108 @@
+"""``+ - * /`` between a SparseTensor and a sparse or dense tensor, torch semantics.
+
+* sparse op scalar, or sparse op sparse with the same pattern: the stored values
+  (:mod:`.pointwise`, below autograd);
+* sparse + sparse (different patterns): the union, sparse * sparse: the
+  intersection -- compiled co-iteration (merge lattices);
+* sparse * dense: sparse in the sparse operand's pattern; sparse +- dense: dense;
+  sparse / dense: sparse when the divisor has no zeros (else 0/0 is NaN: dense);
+* anything else (broadcasting a sparse operand, dense / sparse, sparse / sparse):
+  computed densely -- the result is dense by definition.
+
+All of it is differentiable (the compiled cases through :class:`_Elementwise`
+or the einsum Function).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._dispatch import densified, implements
+from ..compiler import driver
+from ..compiler.notation import Access, Op
+from ..tensor import SparseTensor
+from .einsum import einsum, project
+from .pointwise import same_pattern
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _plain(func, *args, **kwargs):
+    """Run ``func`` with subclass handling off: aten-level pointwise handling takes over."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return func(*args, **kwargs)
+
+
+def _is_scalar(x) -> bool:
+    return not isinstance(x, torch.Tensor) or (not isinstance(x, SparseTensor) and x.dim() == 0)
+
+
+def binary(op: str, a, b, func, args, kwargs):
+    if _is_scalar(a) or _is_scalar(b) or (isinstance(a, SparseTensor) and isinstance(b, SparseTensor)
+                                          and same_pattern(a, b)):
+        return _plain(func, *args, **kwargs)
+    shape = torch.broadcast_shapes(a.shape, b.shape)
+    sparse_ok = all(tuple(x.shape) == tuple(shape) for x in (a, b) if isinstance(x, SparseTensor))
+    if not sparse_ok:
+        return densified(func, args, kwargs)
+    if op == "/":
+        if isinstance(b, SparseTensor) or bool((b == 0).any()):
+            return densified(func, args, kwargs)  # x/0 at absent entries: the result is dense
+        return binary("*", a, b.reciprocal(), torch.mul, (a, b.reciprocal()), {})
+    idx = _LETTERS[:len(shape)]
+    ops = [x if isinstance(x, SparseTensor) else x.expand(shape) for x in (a, b)]
+    if op == "*":
+        return einsum(f"{idx},{idx}->{idx}", *ops)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in ops):
+        return _Elementwise.apply(op, idx, *ops)
+    return _evaluate(op, idx, ops)
+
+
+def _evaluate(op, idx, ops):
+    return driver.evaluate(f"{idx},{idx}->{idx}", driver._operands(ops), expr=Op(op, Access(0, idx), Access(1, idx)))
+
+
+class _Elementwise(torch.autograd.Function):
+    """a + b / a - b through the compiler; gradients read back at each sparse operand's pattern."""
+
+    @staticmethod
+    def forward(ctx, op, idx, a, b):
+        ctx.op = op
+        ctx.save_for_backward(a, b)
+        return _evaluate(op, idx, (a, b))
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        out = [None, None]
+        for x, sign, need in ((a, 1, ctx.needs_input_grad[2]), (b, -1 if ctx.op == "-" else 1,
+                                                                   ctx.needs_input_grad[3])):
+            if not need:
+                out.append(None)
+            elif isinstance(x, SparseTensor):
+                out.append(x._like(values=(sign * project(grad, x)).to(x.dtype), nnz=x._nnz))
+            else:
+                g = grad.to_dense() if isinstance(grad, SparseTensor) else grad
+                out.append((sign * g).to(x.dtype))
+        return tuple(out)
+
+
+def _op(op: str, func):
+    """The implementation of ``func(a, b, ...)`` (``alpha=`` scales b; ``out=`` / ``rounding_mode=``
+    are dense by nature)."""
+    def impl(a, b, *, alpha=1, **kw):
+        if kw.get("out") is not None or kw.get("rounding_mode") is not None:
+            return densified(func, (a, b), dict(kw, **({"alpha": alpha} if alpha != 1 else {})))
+        if alpha != 1:
+            b = b * alpha
+        return binary(op, a, b, func, (a, b), {})
+    return impl
+
+
+for _sym, _func, _names in (("+", torch.add, ("add",)), ("-", torch.sub, ("sub", "subtract")),
+                            ("*", torch.mul, ("mul", "multiply")), ("/", torch.div, ("div", "divide", "true_divide"))):
+    _impl = _op(_sym, _func)
+    implements(*[getattr(torch, n) for n in _names], *[getattr(torch.Tensor, n) for n in _names])(_impl)
+    _dunder = {"+": "add", "-": "sub", "*": "mul", "/": "truediv"}[_sym]
+    implements(getattr(torch.Tensor, f"__{_dunder}__"))(lambda a, b, _i=_impl: _i(a, b))
+    implements(getattr(torch.Tensor, f"__r{_dunder}__"))(lambda a, b, _i=_impl: _i(b, a))  # b (op) a
