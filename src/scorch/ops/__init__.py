@@ -2,7 +2,7 @@
 built on the compiler.  Registered in the dispatch table so plain ``torch.*``
 calls and operators on a SparseTensor land here."""
 
-from . import binary, pointwise  # noqa: F401  (register + - * / and the pointwise handler)
+from . import binary, pointwise, reduce  # noqa: F401  (register + - * /, pointwise ops, reductions)
 from .einsum import einsum
 from .linalg import matmul
 

@@ -1,0 +1,142 @@
+"""Reductions and softmax over SparseTensors.
+
+``sum`` / ``mean`` / ``amax`` / ``amin`` over any ``dim`` (int or tuple) with
+``keepdim``: absent entries count as zeros, exactly as in the dense tensor;
+results are dense.  ``sum`` is a compiled einsum; ``amax`` / ``amin`` reduce
+the stored values per output position and fold in the implicit zero wherever
+a fibre is not full.
+
+``softmax`` / ``log_softmax`` along a dim follow torch.sparse: absent entries
+are -inf, so the result keeps the pattern (any format, CSR included).
+
+Everything is vectorised torch over the stored values, and differentiable.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._dispatch import implements
+from ..convert import coords_of
+from ..errors import ScorchTypeError, ScorchValueError
+from ..tensor import SparseTensor
+from .einsum import einsum
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _dims(dim, n: int, op: str) -> tuple:
+    if dim is None:
+        return tuple(range(n))
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    out = []
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int):
+            raise ScorchTypeError(f"{op}: dim must be an int or a tuple of ints, got {dim!r}")
+        if not -n <= d < n:
+            raise ScorchValueError(f"{op}: dim {d} out of range for a {n}-d tensor (expected [{-n}, {n - 1}])")
+        out.append(d % n)
+    if len(set(out)) != len(out):
+        raise ScorchValueError(f"{op}: dim {dim!r} repeats a dimension")
+    return tuple(sorted(out))
+
+
+def _keep(out: torch.Tensor, dims, keepdim: bool) -> torch.Tensor:
+    for d in dims if keepdim else ():
+        out = out.unsqueeze(d)
+    return out
+
+
+def _entries(x: SparseTensor):
+    """Coordinates and (differentiable) values of the stored entries."""
+    coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
+    return coords, x.values()[where]
+
+
+def _group(coords, shape, dims):
+    """Linear index of each entry over the dims that are kept, and the number of groups."""
+    key = torch.zeros(coords.shape[1], dtype=torch.int64)
+    n = 1
+    for d, size in enumerate(shape):
+        if d not in dims:
+            key = key * size + coords[d]
+            n *= size
+    return key, n
+
+
+@implements(torch.sum, torch.Tensor.sum)
+def sum_(x, dim=None, keepdim=False, *, dtype=None):
+    dims = _dims(dim, x.dim(), "sum")
+    idx = _LETTERS[:x.dim()]
+    out = einsum(f"{idx}->{''.join(c for d, c in enumerate(idx) if d not in dims)}", x, format="dense")
+    out = _keep(out, dims, keepdim)
+    return out if dtype is None else out.to(dtype)
+
+
+@implements(torch.mean, torch.Tensor.mean)
+def mean(x, dim=None, keepdim=False, *, dtype=None):
+    if not (x.dtype.is_floating_point or dtype is not None):
+        raise ScorchTypeError(f"mean: needs a floating dtype, got {x.dtype} (pass dtype=)")
+    dims = _dims(dim, x.dim(), "mean")
+    count = 1
+    for d in dims:
+        count *= x.shape[d]
+    return sum_(x, dims, keepdim, dtype=dtype) / count
+
+
+def _extreme(x, dim, keepdim, op: str):
+    dims = _dims(dim if dim != () else None, x.dim(), op)
+    coords, vals = _entries(x)
+    key, n = _group(coords, x.shape, dims)
+    fibre = 1
+    for d in dims:
+        fibre *= x.shape[d]
+    if fibre == 0:
+        raise ScorchValueError(f"{op}: cannot reduce over a zero-size dim of a tensor of shape {tuple(x.shape)}")
+    init = torch.full((n,), float("-inf") if op == "amax" else float("inf"), dtype=vals.dtype)
+    out = init.scatter_reduce(0, key, vals, reduce=op, include_self=True)
+    stored = torch.bincount(key, minlength=n)
+    # A fibre with fewer stored entries than its length holds an implicit zero.
+    zero = torch.zeros((), dtype=vals.dtype)
+    out = torch.where(stored < fibre, (torch.maximum if op == "amax" else torch.minimum)(out, zero), out)
+    shape = [s for d, s in enumerate(x.shape) if d not in dims]
+    return _keep(out.reshape(shape), dims, keepdim)
+
+
+@implements(torch.amax, torch.Tensor.amax)
+def amax(x, dim=(), keepdim=False):
+    return _extreme(x, dim, keepdim, "amax")
+
+
+@implements(torch.amin, torch.Tensor.amin)
+def amin(x, dim=(), keepdim=False):
+    return _extreme(x, dim, keepdim, "amin")
+
+
+def _softmax(x: SparseTensor, dim, log: bool, dtype=None, op="softmax"):
+    if dim is None:
+        raise ScorchValueError(f"{op}: pass dim= explicitly")
+    (d,) = _dims(dim, x.dim(), op)
+    coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
+    vals = x.values()
+    if dtype is not None:
+        vals = vals.to(dtype)
+    v = vals[where]
+    key, n = _group(coords, x.shape, (d,))
+    m = torch.full((n,), float("-inf"), dtype=v.dtype).scatter_reduce(0, key, v.detach(), "amax")
+    shifted = v - m[key]
+    e = shifted.exp()
+    total = torch.zeros(n, dtype=v.dtype).index_add(0, key, e)
+    res = shifted - total.log()[key] if log else e / total[key]
+    full = torch.zeros(vals.shape, dtype=res.dtype).index_put((where,), res)
+    return x.detach().with_values(full) if full.requires_grad else x._like(values=full, nnz=x._nnz)
+
+
+@implements(torch.softmax, torch.Tensor.softmax, torch.nn.functional.softmax, torch.sparse.softmax)
+def softmax(x, dim=None, *args, dtype=None, **kwargs):
+    return _softmax(x, dim, False, dtype)
+
+
+@implements(torch.log_softmax, torch.Tensor.log_softmax, torch.nn.functional.log_softmax, torch.sparse.log_softmax)
+def log_softmax(x, dim=None, *args, dtype=None, **kwargs):
+    return _softmax(x, dim, True, dtype, "log_softmax")

@@ -1,0 +1,91 @@
+"""Reductions and softmax on SparseTensors against dense torch / torch.sparse, and gradients."""
+
+import pytest
+import torch
+
+import scorch
+from scorch.compiler import build
+
+pytestmark = pytest.mark.skipif(not build.have_compiler(), reason="no C compiler")
+
+
+def rnd(*shape, density=0.4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64) * (torch.rand(*shape, generator=g) < density) + 0.0
+
+
+FORMATS = ["csr", "coo", "csf", "ell", "dense"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dim,keepdim", [(None, False)] + [(d, k) for d in (0, 1, -1, (0, 2), (1, 2), (0, 1, 2))
+                                                             for k in (False, True)])
+@pytest.mark.parametrize("op", ["sum", "mean", "amax", "amin"])
+def test_reductions_match_dense(fmt, dim, keepdim, op):
+    x = rnd(4, 5, 3)
+    x[1] = 0  # an empty slice
+    x[2, :, 1] = torch.arange(1.0, 6.0, dtype=torch.float64)  # a full fibre (no implicit zero)
+    A = scorch.as_sparse(x, fmt)
+    if dim is None:
+        got, want = getattr(A, op)(), getattr(x, op)()
+    else:
+        got, want = getattr(torch, op)(A, dim, keepdim=keepdim), getattr(torch, op)(x, dim, keepdim=keepdim)
+    assert not isinstance(got, scorch.SparseTensor)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got, want)
+
+
+def test_reduction_errors():
+    A = scorch.as_sparse(rnd(3, 4), "csr")
+    with pytest.raises(ValueError, match="dim 2 out of range"):
+        A.sum(2)
+    with pytest.raises(ValueError, match="repeats"):
+        A.sum((0, 0))
+    with pytest.raises(TypeError, match="mean: needs a floating dtype"):
+        scorch.as_sparse(torch.ones(2, 2, dtype=torch.int64), "csr").mean()
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "csc", "dcsr", "ell", "csf"])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_matches_torch_sparse(fmt, dim, log):
+    x = rnd(6, 7)
+    x[3] = 0  # an empty row: stays empty
+    A = scorch.as_sparse(x, fmt if fmt != "csf" else "csr")
+    fn = torch.log_softmax if log else torch.softmax
+    got = fn(A, dim)
+    want = (torch.sparse.log_softmax if log else torch.sparse.softmax)(x.to_sparse(), dim).to_dense()
+    assert isinstance(got, scorch.SparseTensor) and got.nnz == A.nnz
+    torch.testing.assert_close(got.to_dense(), want)
+    torch.testing.assert_close(torch.nn.functional.softmax(A, dim=dim).to_dense(),
+                               torch.sparse.softmax(x.to_sparse(), dim).to_dense())
+
+
+def test_softmax_3d():
+    x = rnd(3, 4, 5)
+    A = scorch.as_sparse(x, "csf")
+    torch.testing.assert_close(torch.softmax(A, 1).to_dense(), torch.sparse.softmax(x.to_sparse(), 1).to_dense())
+
+
+@pytest.mark.parametrize("f", [lambda A: A.sum(1), lambda A: A.mean((0, 1)), lambda A: A.amax(0),
+                               lambda A: A.amin(1), lambda A: torch.softmax(A, 1).values(),
+                               lambda A: torch.log_softmax(A, 0).to_dense()],
+                         ids=["sum", "mean", "amax", "amin", "softmax", "log_softmax"])
+def test_gradcheck(f):
+    P = scorch.as_sparse(rnd(5, 6), "csr")
+    v = P.values().clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda v: f(P.with_values(v)), (v,))
+
+
+def test_attention_pipeline_is_differentiable():
+    """SDDMM -> sparse softmax -> SpMM, the GAT / sparse-attention core, against dense masked attention."""
+    mask = rnd(6, 6, density=0.5) != 0
+    mask.fill_diagonal_(True)
+    M = scorch.as_sparse(mask.double(), "csr")
+    Q, K, V = (rnd(6, 4, density=1, seed=s).requires_grad_() for s in (1, 2, 3))
+    out = torch.softmax(scorch.einsum("ij,ik,jk->ij", M, Q, K), dim=1) @ V
+    scores = (Q @ K.t()).masked_fill(~mask, float("-inf"))
+    want = torch.softmax(scores, 1) @ V
+    torch.testing.assert_close(out, want)
+    assert torch.autograd.gradcheck(
+        lambda Q, K, V: torch.softmax(scorch.einsum("ij,ik,jk->ij", M, Q, K), dim=1) @ V, (Q, K, V))
