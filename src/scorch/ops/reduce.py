@@ -117,10 +117,19 @@ def _softmax(x: SparseTensor, dim, log: bool, dtype=None, op="softmax"):
     if dim is None:
         raise ScorchValueError(f"{op}: pass dim= explicitly")
     (d,) = _dims(dim, x.dim(), op)
-    coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
     vals = x.values()
     if dtype is not None:
         vals = vals.to(dtype)
+    lengths = _row_segments(x, d)
+    if lengths is not None:  # each group is one contiguous run of the innermost level (CSR rows)
+        m = torch.segment_reduce(vals.detach(), "max", lengths=lengths, unsafe=True)
+        shifted = vals - m.repeat_interleave(lengths, output_size=vals.numel())
+        e = shifted.exp()
+        total = torch.segment_reduce(e, "sum", lengths=lengths, unsafe=True)
+        total = total.repeat_interleave(lengths, output_size=vals.numel())
+        res = shifted - total.log() if log else e / total
+        return x.detach().with_values(res) if res.requires_grad else x._like(values=res, nnz=x._nnz)
+    coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
     v = vals[where]
     key, n = _group(coords, x.shape, (d,))
     m = torch.full((n,), float("-inf"), dtype=v.dtype).scatter_reduce(0, key, v.detach(), "amax")
@@ -130,6 +139,18 @@ def _softmax(x: SparseTensor, dim, log: bool, dtype=None, op="softmax"):
     res = shifted - total.log()[key] if log else e / total[key]
     full = torch.zeros(vals.shape, dtype=res.dtype).index_put((where,), res)
     return x.detach().with_values(full) if full.requires_grad else x._like(values=full, nnz=x._nnz)
+
+
+def _row_segments(x: SparseTensor, d: int):
+    """Lengths of the runs of stored values that share all coordinates but ``d``, when ``d`` is
+    the innermost level, compressed, under levels that are dense or compressed (CSR rows, CSC
+    columns, CSF fibres); None otherwise."""
+    f = x._format
+    if f.block or f.order[-1] != d or f.levels[-1].kind != "compressed" or \
+            any(lv.kind not in ("dense", "compressed") for lv in f.levels):
+        return None
+    pos = x._pos[-1]
+    return (pos[1:] - pos[:-1]).to(torch.int64)
 
 
 @implements(torch.softmax, torch.Tensor.softmax, torch.nn.functional.softmax, torch.sparse.softmax)
