@@ -14,7 +14,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import scorch
-import scorch.ops.rearrange  # noqa: F401  (registers nothing; imported for symmetry)
 import scorch.ops.shape  # noqa: F401  (registers the shape ops in the dispatch table)
 from scorch import Format, NotSupportedError, ScorchTypeError, ScorchValueError, SparseTensor, compressed, dense
 from scorch.ops.rearrange import Pattern, parse_pattern, rearrange
@@ -22,7 +21,12 @@ from scorch.ops.shape import result_format
 
 from strategies import assert_dense_equal, densities, make_dense, seeds, shapes
 
-pytestmark = pytest.mark.filterwarnings("error:scorch. .* has no sparse implementation:UserWarning")
+
+
+@pytest.fixture(autouse=True)
+def no_dense_fallback(monkeypatch):
+    """Every op here must run on coordinates: a dense fallback raises instead."""
+    monkeypatch.setattr(scorch.config, "dense_fallback", "raise")
 
 FORMATS = ("coo", "csr", "csc", "dcsr", "csf", "ell")
 BSR = scorch.formats.bsr(2, 2)
@@ -320,18 +324,22 @@ def test_getitem_first_dim_every_format(shape):
 
 @st.composite
 def basic_keys(draw, shape):
-    """An index tuple of ints, slices (any bounds, positive step), None and maybe Ellipsis."""
+    """An index tuple of ints, slices (any bounds, positive step), maybe an Ellipsis
+    standing for some middle dims, and maybe a None."""
     items = []
-    for size in shape[:draw(st.integers(0, len(shape)))]:
+    for size in shape:
         if size and draw(st.booleans()):
             items.append(draw(st.integers(-size, size - 1)))
         else:
             bound = st.none() | st.integers(-size - 2, size + 2)
             items.append(slice(draw(bound), draw(bound), draw(st.none() | st.integers(1, 3))))
+    i = draw(st.integers(0, len(items)))
+    if draw(st.booleans()):
+        items = items[:i] + [Ellipsis] + items[draw(st.integers(i, len(items))):]
+    else:
+        items = items[:i]
     if draw(st.booleans()):
         items.insert(draw(st.integers(0, len(items))), None)
-    if draw(st.booleans()):
-        items.insert(draw(st.integers(0, len(items))), Ellipsis)
     return tuple(items)
 
 
@@ -451,6 +459,13 @@ def test_cat_stack_errors(call, exc, match):
     A = scorch.as_sparse(sample((2, 3)), "csr")
     with pytest.raises(exc, match=match):
         call(A)
+
+
+def test_dense_input_with_a_sparse_index_runs_densely():
+    x = sample((3, 4))
+    i = scorch.as_sparse(torch.tensor([2, 0, 1]), "coo")
+    assert_dense_equal(torch.index_select(x, 0, i), x[[2, 0, 1]])
+    assert_dense_equal(x[:, i], x[:, [2, 0, 1]])
 
 
 def test_cat_of_nothing():
@@ -638,3 +653,53 @@ def test_rearrange_errors_repeat_pattern_and_shape(pattern, sizes, match):
             rearrange(x, pattern, **sizes)
         assert repr(pattern) in str(err.value) and "(6, 4)" in str(err.value)
         assert isinstance(err.value, ScorchValueError)
+
+
+# ================================================================ autograd through the values
+
+
+GRAD_OPS = [
+    ("reshape", lambda A: A.reshape(3, 2, 4)),
+    ("flatten", lambda A: A.flatten()),
+    ("unsqueeze", lambda A: A.unsqueeze(1)),
+    ("getitem", lambda A: A[1:, [5, 0, 5]]),
+    ("int index", lambda A: A[2, 3]),
+    ("index_select", lambda A: A.index_select(1, torch.tensor([1, 1, 4]))),
+    ("cat", lambda A: torch.cat([A, A[:2]], 0)),
+    ("stack", lambda A: torch.stack([A, A.reshape(4, 6)], 2)),
+    ("rearrange", lambda A: rearrange(A, "bd->bnd", n=2)),
+]
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "ell", BSR], ids=str)
+@pytest.mark.parametrize("name,op", GRAD_OPS, ids=[g[0] for g in GRAD_OPS])
+def test_ops_are_differentiable_wrt_the_stored_values(name, op, fmt):
+    P = scorch.as_sparse(sample((4, 6), seed=7), fmt)
+    v = P.values().clone().requires_grad_()
+    out, want = op(P.with_values(v)), op(P.to_dense())
+    assert out.requires_grad
+    assert_dense_equal((out.to_dense() if isinstance(out, SparseTensor) else out).detach(), want)
+
+    def f(v):
+        out = op(P.with_values(v))
+        return out.to_dense() if isinstance(out, SparseTensor) else out
+    assert torch.autograd.gradcheck(f, (v,))
+
+
+def test_gradient_reaches_a_dense_operand_of_cat():
+    A = scorch.as_sparse(sample((2, 3)), "csr")
+    y = sample((2, 3), seed=1, density=1.0).requires_grad_()
+    out = torch.cat([A, y], 1)
+    assert out.requires_grad
+    (out.to_dense() * 2).sum().backward()
+    assert torch.equal(y.grad, torch.full((2, 3), 2.0, dtype=torch.float64))
+
+
+def test_no_op_reshape_and_squeeze_stay_in_the_graph():
+    P = scorch.as_sparse(sample((3, 4), seed=2), "csr")
+    v = P.values().clone().requires_grad_()
+    for op in (lambda A: A.reshape(3, 4), lambda A: A.squeeze(), lambda A: A[:]):
+        out = op(P.with_values(v))
+        assert out.requires_grad
+        (g,) = torch.autograd.grad(out.values().sum(), v)
+        assert torch.equal(g, torch.ones_like(v))

@@ -19,14 +19,14 @@ from .interop import as_sparse, is_sparse, sparse_coo
 from .tensor import SparseTensor
 from .compiler import explain
 from . import _dispatch  # noqa: F401  (registers the dispatch table)
-from .ops import einsum, matmul
+from .ops import einsum, matmul, rearrange
 from . import nn  # noqa: E402
 
 _alias.install()
 
 __all__ = [
     "SparseTensor", "Format", "Level", "dense", "compressed", "singleton", "padded", "formats",
-    "as_sparse", "sparse_coo", "is_sparse", "einsum", "explain", "matmul", "config", "nn",
+    "as_sparse", "sparse_coo", "is_sparse", "einsum", "explain", "matmul", "rearrange", "config", "nn",
     "ScorchError", "ScorchValueError", "ScorchTypeError", "NotSupportedError", "InternalError",
     "__version__",
 ]

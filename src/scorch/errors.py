@@ -20,6 +20,10 @@ class ScorchValueError(ScorchError, ValueError):
     """A bad value: out-of-range index, wrong shape, unknown format name..."""
 
 
+class ScorchIndexError(ScorchValueError, IndexError):
+    """An index or dim out of range (an ``IndexError`` too, as torch raises)."""
+
+
 class ScorchTypeError(ScorchError, TypeError):
     """A bad type: float indices, a non-tensor where a tensor is needed..."""
 

@@ -21,8 +21,8 @@ from .._dispatch import densified, implements
 from ..compiler import driver
 from ..compiler.notation import Access, Op
 from ..tensor import SparseTensor
-from .einsum import einsum, project
-from .pointwise import same_pattern
+from ._pattern import project, same_pattern
+from .einsum import einsum
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 

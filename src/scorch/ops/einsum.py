@@ -15,10 +15,9 @@ import torch
 from .._dispatch import implements
 from ..compiler import driver
 from ..compiler.notation import parse
-from ..convert import coords_of
 from ..errors import NotSupportedError
 from ..tensor import SparseTensor
-from .pointwise import same_pattern
+from ._pattern import project
 
 
 def einsum(equation: str, *operands, format=None):
@@ -82,37 +81,6 @@ def _grad_of(ein, ops, k, grad):
     if broadcast:
         g = g.sum(dim=broadcast, keepdim=True)
     return g.to(x.dtype)
-
-
-def project(g, x: SparseTensor) -> torch.Tensor:
-    """The values of ``g`` (dense or sparse) at ``x``'s stored positions, aligned with ``x.values()``."""
-    if isinstance(g, SparseTensor) and same_pattern(g, x):
-        return g._values
-    coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
-    out = torch.zeros(x._values.numel(), dtype=g.dtype)
-    if not coords.shape[1]:
-        return out
-    if isinstance(g, SparseTensor):
-        out[where] = _lookup(g, coords)
-    else:
-        out[where] = g[tuple(coords)]
-    return out
-
-
-def _lookup(g: SparseTensor, coords: torch.Tensor) -> torch.Tensor:
-    """Values of sparse ``g`` at ``coords`` (zero where ``g`` stores nothing), by key search."""
-    gc, gv = g.coo()
-    strides = torch.ones(len(g.shape), dtype=torch.int64)
-    for d in range(len(g.shape) - 2, -1, -1):
-        strides[d] = strides[d + 1] * g.shape[d + 1]
-    gkey = (gc * strides.unsqueeze(1)).sum(0)
-    order = torch.argsort(gkey)
-    gkey, gv = gkey[order], gv[order]
-    key = (coords * strides.unsqueeze(1)).sum(0)
-    at = torch.searchsorted(gkey, key).clamp(max=max(gkey.numel() - 1, 0))
-    hit = gkey.numel() > 0
-    found = (gkey[at] == key) if hit else torch.zeros_like(key, dtype=torch.bool)
-    return torch.where(found, gv[at] if hit else torch.zeros(key.shape, dtype=gv.dtype), torch.zeros((), dtype=gv.dtype))
 
 
 class ToDense(torch.autograd.Function):

@@ -23,20 +23,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from .._dispatch import dense_fallback, densified, implements_aten, register_pointwise
 from ..errors import NotSupportedError
 from ..tensor import SparseTensor
-
-
-def same_pattern(a: SparseTensor, b: SparseTensor) -> bool:
-    """``a`` and ``b`` store the same positions (cheap when they share index arrays)."""
-    if a is b:
-        return True
-    if a._format != b._format or a._shape != b._shape:
-        return False
-    for x, y in zip(a._pos + a._crd, b._pos + b._crd):
-        if x is y:
-            continue
-        if x is None or y is None or x.shape != y.shape or not torch.equal(x, y):
-            return False
-    return True
+from ._pattern import project, same_pattern
 
 
 def _is_scalar(a) -> bool:
@@ -61,6 +48,11 @@ def pointwise(func, args, kwargs):
     shared = all(same_pattern(ref, s) for s in sparse[1:]) and all(
         _is_scalar(a) for a in flat if isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor))
     mutable = func._schema.is_mutable
+    if not shared and func.overloadpacket is torch.ops.aten.mul and not mutable and len(sparse) == 1:
+        # sparse * dense (autograd's grad * f'(x)): zero wherever the sparse operand is.
+        dense = next(a for a in args if isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor))
+        if torch.broadcast_shapes(dense.shape, ref.shape) == ref.shape:
+            return ref._like(values=ref._values * project(dense.expand(ref.shape), ref), nnz=ref._nnz)
     if not shared:
         if mutable:
             raise NotSupportedError(

@@ -30,7 +30,7 @@ import torch
 
 from ..errors import ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
-from .shape import rebuild, ravel_coords, unravel_coords
+from .shape import assemble, entries, ravel_coords, unravel_coords
 
 __all__ = ["rearrange", "parse_pattern", "Pattern"]
 
@@ -260,18 +260,18 @@ def _rearrange_dense(x: torch.Tensor, p: _Plan) -> torch.Tensor:
 
 
 def _rearrange_sparse(x: SparseTensor, p: _Plan):
-    coords, vals = x.coo()
+    coords, ids = entries(x)
     rows = {}
     for k, g in enumerate(p.lhs):
         rows.update(zip(g, unravel_coords(coords[k], [p.size[a] for a in g])))
     if p.new:
         reps = math.prod(p.size[a] for a in p.new)
-        entry = torch.arange(vals.numel()).repeat_interleave(reps)
+        entry = torch.arange(ids.numel()).repeat_interleave(reps)
         rows = {a: r[entry] for a, r in rows.items()}
-        combo = torch.arange(reps).repeat(vals.numel())
+        combo = torch.arange(reps).repeat(ids.numel())
         rows.update(zip(p.new, unravel_coords(combo, [p.size[a] for a in p.new])))
-        vals = vals[entry]
-    nnz = vals.numel()
+        ids = ids[entry]
+    nnz = ids.numel()
     out = [ravel_coords([rows[a] for a in g], [p.size[a] for a in g], nnz) for g in p.rhs]
     coords = torch.stack(out) if out else torch.zeros((0, nnz), dtype=torch.int64)
-    return rebuild(x._format, p.out_shape, coords, vals, x.index_dtype)
+    return assemble(x._format, p.out_shape, coords, ids, x.values(), x.index_dtype)

@@ -5,10 +5,11 @@ changing their values: ``reshape`` / ``view`` / ``flatten`` / ``unflatten`` /
 ``ravel`` / ``squeeze`` / ``unsqueeze`` (linearise, then unravel),
 ``index_select`` / ``select`` / ``narrow`` / ``x[...]`` (filter and renumber one
 dim at a time) and ``cat`` / ``stack`` (offset and concatenate).  Each op takes
-the stored entries (``x.coo()``), computes their new coordinates with
-vectorised torch ops and builds the result with :func:`scorch.convert.build`;
-nothing is densified.  The helpers :func:`rebuild`, :func:`ravel` and
-:func:`unravel` are shared with :mod:`scorch.ops.rearrange`.
+the stored entries (:func:`entries`: coordinates and positions in
+``x.values()``), computes their new coordinates with vectorised torch ops and
+builds the result with :func:`scorch.convert.build` (:func:`assemble`);
+nothing is densified.  These helpers, :func:`ravel_coords` and
+:func:`unravel_coords` are shared with :mod:`scorch.ops.rearrange`.
 
 Result layout (:func:`result_format`): the input's own format when the number
 of dims is unchanged (and a block split still divides the new shape), else
@@ -21,8 +22,9 @@ at least one dim.
 
 ``view`` returns a new SparseTensor with rebuilt storage, i.e. a copy, not a
 view: writes through it do not reach the original (SparseTensors reject
-in-place writes anyway).  The ops are not differentiable (the result does not
-require grad).
+in-place writes anyway).  The ops are differentiable w.r.t. the stored values
+(and the dense operands of ``cat`` / ``stack``): each result value is a gather
+of source values.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import torch
 
 from .. import convert
 from .._dispatch import implements
-from ..errors import NotSupportedError, ScorchTypeError, ScorchValueError
+from ..errors import NotSupportedError, ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..format import Format, preset
 from ..interop import as_sparse
 from ..tensor import SparseTensor
@@ -43,15 +45,11 @@ from ..tensor import SparseTensor
 __all__ = [
     "reshape", "view", "flatten", "unflatten", "ravel", "squeeze", "unsqueeze",
     "index_select", "select", "narrow", "getitem", "cat", "stack",
-    "result_format", "rebuild", "ravel_coords", "unravel_coords", "ScorchIndexError",
+    "result_format", "rebuild", "assemble", "entries", "ravel_coords", "unravel_coords", "ScorchIndexError",
 ]
 
 _I64 = torch.int64
 _MAX_LINEAR = 2**63
-
-
-class ScorchIndexError(ScorchValueError, IndexError):
-    """An index or dim out of range (an ``IndexError`` too, as torch raises)."""
 
 
 # ================================================================ result assembly
@@ -83,8 +81,31 @@ def rebuild(fmt: Format, shape, coords: torch.Tensor, vals: torch.Tensor, index_
     return SparseTensor(out_fmt, shape, pos, crd, values)
 
 
-def _rebuild_like(x: SparseTensor, shape, coords, vals):
-    return rebuild(x._format, shape, coords, vals, x.index_dtype)
+def entries(x: SparseTensor):
+    """``(coords, ids)``: the coordinates of ``x``'s stored entries (``ndim x nnz`` int64)
+    and each one's position in ``x.values()``."""
+    return convert.coords_of(x._format, x._shape, x._pos, x._crd, torch.arange(x._values.numel()))
+
+
+def assemble(fmt: Format, shape, coords, ids, source: torch.Tensor, index_dtype=None):
+    """:func:`rebuild` holding ``source[ids]`` at ``coords``; differentiable w.r.t. ``source``
+    (then the result's pattern is built from ``ids`` and its values gathered afterwards)."""
+    if not (source.requires_grad and torch.is_grad_enabled()):
+        return rebuild(fmt, shape, coords, source[ids], index_dtype)
+    if not tuple(shape):
+        return source[ids].sum()
+    pattern = rebuild(fmt, shape, coords, ids + 1, index_dtype)  # 0: a padding position
+    padded = torch.cat([source.new_zeros(1), source])
+    return pattern.with_values(padded[pattern._values])
+
+
+def _rebuild_like(x: SparseTensor, shape, coords, ids):
+    return assemble(x._format, shape, coords, ids, x.values(), x.index_dtype)
+
+
+def _alias(x: SparseTensor) -> SparseTensor:
+    """A new SparseTensor on ``x``'s storage (kept in the autograd graph)."""
+    return x.with_values(x.values())
 
 
 def ravel_coords(rows, sizes, nnz: int) -> torch.Tensor:
@@ -120,7 +141,7 @@ def _stack_rows(rows, nnz: int) -> torch.Tensor:
 def _dense_call(func, *args, **kwargs):
     """Run ``func`` on densified arguments (a SparseTensor met in an unsupported role)."""
     conv = lambda a: a.to_dense() if isinstance(a, SparseTensor) else a  # noqa: E731
-    args = [[conv(t) for t in a] if isinstance(a, (list, tuple)) else conv(a) for a in args]
+    args = [type(a)(map(conv, a)) if isinstance(a, (list, tuple)) else conv(a) for a in args]
     with torch._C.DisableTorchFunctionSubclass():
         return func(*args, **{k: conv(v) for k, v in kwargs.items()})
 
@@ -176,11 +197,10 @@ def _infer(shape: list, numel: int, in_shape: tuple, op: str) -> tuple:
 def _reshape(x: SparseTensor, shape: tuple, op: str):
     shape = _infer(list(shape), math.prod(x._shape), x._shape, op)
     if shape == x._shape:
-        return x._like(nnz=x._nnz)
-    coords, vals = x.coo()
-    lin = ravel_coords(coords, x._shape, vals.numel())
-    _check_linear(shape)
-    return _rebuild_like(x, shape, _stack_rows(unravel_coords(lin, shape), vals.numel()), vals)
+        return _alias(x)
+    coords, ids = entries(x)
+    lin = ravel_coords(coords, x._shape, ids.numel())  # same numel: fits the new shape too
+    return _rebuild_like(x, shape, _stack_rows(unravel_coords(lin, shape), ids.numel()), ids)
 
 
 @implements(torch.reshape)
@@ -233,9 +253,9 @@ def unflatten(input, dim, sizes):
 def unsqueeze(input, dim):
     """Insert a size-1 dim at ``dim`` (in ``[-ndim-1, ndim]``)."""
     d = _dim(dim, input.dim() + 1, "unsqueeze")
-    coords, vals = input.coo()
-    coords = torch.cat([coords[:d], torch.zeros((1, vals.numel()), dtype=_I64), coords[d:]])
-    return _rebuild_like(input, input._shape[:d] + (1,) + input._shape[d:], coords, vals)
+    coords, ids = entries(input)
+    coords = torch.cat([coords[:d], torch.zeros((1, ids.numel()), dtype=_I64), coords[d:]])
+    return _rebuild_like(input, input._shape[:d] + (1,) + input._shape[d:], coords, ids)
 
 
 @implements(torch.squeeze, torch.Tensor.squeeze)
@@ -248,10 +268,10 @@ def squeeze(input, dim=None):
         dims = {_dim(d, n, "squeeze") for d in (dim if isinstance(dim, (tuple, list)) else (dim,))}
     drop = {d for d in dims if input._shape[d] == 1}
     if not drop:
-        return input._like(nnz=input._nnz)
+        return _alias(input)
     keep = [d for d in range(n) if d not in drop]
-    coords, vals = input.coo()
-    return _rebuild_like(input, tuple(input._shape[d] for d in keep), coords[keep], vals)
+    coords, ids = entries(input)
+    return _rebuild_like(input, tuple(input._shape[d] for d in keep), coords[keep], ids)
 
 
 # ================================================================ indexing
@@ -276,7 +296,7 @@ def _index_tensor(index, size: int, op: str, *, negative: bool) -> torch.Tensor:
     return torch.where(t < 0, t + size, t)
 
 
-def _take(coords, vals, d: int, index: torch.Tensor):
+def _take(coords, ids, d: int, index: torch.Tensor):
     """Entries of ``index_select(d, index)``: an entry at coordinate c along ``d`` appears
     once per position j with ``index[j] == c``, at coordinate j."""
     order = torch.argsort(index, stable=True)
@@ -284,28 +304,28 @@ def _take(coords, vals, d: int, index: torch.Tensor):
     c = coords[d].contiguous()
     lo = torch.searchsorted(sidx, c, side="left")
     counts = torch.searchsorted(sidx, c, side="right") - lo
-    entry = torch.repeat_interleave(torch.arange(vals.numel()), counts)
+    entry = torch.repeat_interleave(torch.arange(ids.numel()), counts)
     coords = coords[:, entry]
     coords[d] = order[convert._ranges(lo, counts)]
-    return coords, vals[entry]
+    return coords, ids[entry]
 
 
-def _keep(coords, vals, mask):
-    return coords[:, mask], vals[mask]
+def _keep(coords, ids, mask):
+    return coords[:, mask], ids[mask]
 
 
-def _slice_entries(coords, vals, d: int, s: slice, size: int):
+def _slice_entries(coords, ids, d: int, s: slice, size: int):
     """Entries of ``x[..., s, ...]`` along ``d``; returns them and the new size."""
     start, stop, step = s.indices(size)
     if step <= 0:
         raise ScorchValueError(f"indexing: slice step must be positive (as in torch), got {s.step}")
     n = len(range(start, stop, step))
     if (start, n, step) == (0, size, 1):
-        return coords, vals, size
+        return coords, ids, size
     c = coords[d]
-    coords, vals = _keep(coords, vals, (c >= start) & (c < stop) & ((c - start) % step == 0))
+    coords, ids = _keep(coords, ids, (c >= start) & (c < stop) & ((c - start) % step == 0))
     coords[d] = torch.div(coords[d] - start, step, rounding_mode="floor")
-    return coords, vals, n
+    return coords, ids, n
 
 
 @implements(torch.index_select, torch.Tensor.index_select)
@@ -315,9 +335,9 @@ def index_select(input, dim, index, *, out=None):
         return _dense_call(torch.index_select, input, dim, index, out=out)
     d = _dim(dim, input.dim(), "index_select")
     idx = _index_tensor(index, input._shape[d], "index_select", negative=False)
-    coords, vals = _take(*input.coo(), d, idx)
+    coords, ids = _take(*entries(input), d, idx)
     shape = input._shape[:d] + (idx.numel(),) + input._shape[d + 1:]
-    return _rebuild_like(input, shape, coords, vals)
+    return _rebuild_like(input, shape, coords, ids)
 
 
 @implements(torch.select, torch.Tensor.select)
@@ -400,50 +420,54 @@ def _check_advanced(items, key) -> None:
             raise _unsupported_key(key, "a tensor index separated from an int index")
 
 
+def _index_dim(coords, ids, d: int, kind: str, v, size: int):
+    """Apply one index item to dim ``d``: the kept entries and the dim's new size
+    (None when an int index removes the dim)."""
+    if kind == "slice":
+        return _slice_entries(coords, ids, d, v, size)
+    idx = _index_tensor(v, size, f"indexing dim {d}", negative=True)
+    if kind == "int":
+        return *_keep(coords, ids, coords[d] == idx), None
+    return *_take(coords, ids, d, idx), idx.numel()
+
+
 @implements(torch.Tensor.__getitem__)
 def getitem(x, key):
     """``x[key]`` for ints, positive-step slices, None, Ellipsis and one integer index
     tensor/list, on any dims; other keys raise NotSupportedError."""
     if not isinstance(x, SparseTensor):
         return _dense_call(torch.Tensor.__getitem__, x, key)
-    coords, vals = x.coo()
-    rows, shape, d = [], [], 0
+    coords, ids = entries(x)
+    rows, shape, d = [], [], 0  # rows: the input dim of each output dim (None: a new dim)
     for kind, v in _parse_key(key, x.dim()):
         if kind == "new":
             rows.append(None)
             shape.append(1)
             continue
-        size = x._shape[d]
-        if kind == "int":
-            i = _index_tensor(v, size, f"indexing dim {d}", negative=True)
-            coords, vals = _keep(coords, vals, coords[d] == i)
-        elif kind == "slice":
-            coords, vals, n = _slice_entries(coords, vals, d, v, size)
+        coords, ids, n = _index_dim(coords, ids, d, kind, v, x._shape[d])
+        if n is not None:
             rows.append(d)
             shape.append(n)
-        else:
-            idx = _index_tensor(v, size, f"indexing dim {d}", negative=True)
-            coords, vals = _take(coords, vals, d, idx)
-            rows.append(d)
-            shape.append(idx.numel())
         d += 1
-    zeros = torch.zeros(vals.numel(), dtype=_I64)
-    out = _stack_rows([zeros if r is None else coords[r] for r in rows], vals.numel())
-    return _rebuild_like(x, shape, out, vals)
+    zeros = torch.zeros(ids.numel(), dtype=_I64)
+    out = _stack_rows([zeros if r is None else coords[r] for r in rows], ids.numel())
+    return _rebuild_like(x, shape, out, ids)
 
 
 # ================================================================ cat / stack
 
 def _entries(t, arg: str):
-    """``(coords, values)`` of the stored entries of a sparse or dense tensor."""
+    """``(coords, values)`` of the stored entries of a sparse or dense tensor (values
+    differentiable when ``t`` requires grad)."""
     if isinstance(t, SparseTensor):
-        return t.coo()
+        coords, ids = entries(t)
+        return coords, t.values()[ids]
     if not isinstance(t, torch.Tensor):
         raise ScorchTypeError(f"{arg} must be a tensor, got {type(t).__name__}")
     if t.layout != torch.strided:
         return as_sparse(t, "coo").coo()
     coords = t.nonzero().t()
-    return coords, t[tuple(coords)] if coords.shape[1] else torch.zeros(0, dtype=t.dtype)
+    return coords, t[tuple(coords)] if coords.shape[1] else t.new_zeros(0)
 
 
 def _sequence(tensors, op: str) -> list:
@@ -469,6 +493,14 @@ def _common(tensors):
     return fmt, dtype, _I64 if wide else torch.int32
 
 
+def _check_cat_shapes(tensors, ref: tuple, d: int) -> None:
+    for k, t in enumerate(tensors):
+        if t.dim() != len(ref) or any(a != b for i, (a, b) in enumerate(zip(t.shape, ref)) if i != d):
+            want = "(" + ", ".join("*" if i == d else str(s) for i, s in enumerate(ref)) + ")"
+            raise ScorchValueError(f"cat: tensors[{k}] has shape {tuple(t.shape)}, expected {want} "
+                                   f"(the shape of the first tensor except in dim {d})")
+
+
 @implements(torch.cat, torch.concat, torch.concatenate)
 def cat(tensors, dim=0, *, axis=None, out=None):
     """Concatenate along ``dim``; dense tensors among ``tensors`` are sparsified first."""
@@ -480,11 +512,7 @@ def cat(tensors, dim=0, *, axis=None, out=None):
         tensors = [t for t in tensors if tuple(t.shape) != (0,)] or tensors[:1]
     ref = tuple(tensors[0].shape)
     d = _dim(dim, len(ref), "cat")
-    for k, t in enumerate(tensors):
-        if t.dim() != len(ref) or any(a != b for i, (a, b) in enumerate(zip(t.shape, ref)) if i != d):
-            want = "(" + ", ".join("*" if i == d else str(s) for i, s in enumerate(ref)) + ")"
-            raise ScorchValueError(f"cat: tensors[{k}] has shape {tuple(t.shape)}, expected {want} "
-                                   f"(the shape of the first tensor except in dim {d})")
+    _check_cat_shapes(tensors, ref, d)
     fmt, dtype, index_dtype = _common(tensors)
     coords, vals, offset = [], [], 0
     for k, t in enumerate(tensors):
@@ -495,7 +523,8 @@ def cat(tensors, dim=0, *, axis=None, out=None):
         vals.append(v.to(dtype))
         offset += t.shape[d]
     shape = ref[:d] + (offset,) + ref[d + 1:]
-    return rebuild(fmt, shape, torch.cat(coords, 1), torch.cat(vals), index_dtype)
+    vals = torch.cat(vals)
+    return assemble(fmt, shape, torch.cat(coords, 1), torch.arange(vals.numel()), vals, index_dtype)
 
 
 @implements(torch.stack)
@@ -507,8 +536,8 @@ def stack(tensors, dim=0, *, out=None):
     ref = tuple(tensors[0].shape)
     for k, t in enumerate(tensors):
         if tuple(t.shape) != ref:
-            raise ScorchValueError(
-                f"stack: tensors[{k}] has shape {tuple(t.shape)}, expected {ref} (all tensors must have the same shape)")
+            raise ScorchValueError(f"stack: tensors[{k}] has shape {tuple(t.shape)}, expected {ref} "
+                                   "(all tensors must have the same shape)")
     d = _dim(dim, len(ref) + 1, "stack")
     fmt, dtype, index_dtype = _common(tensors)
     coords, vals = [], []
@@ -517,4 +546,5 @@ def stack(tensors, dim=0, *, out=None):
         coords.append(torch.cat([c[:d], torch.full((1, v.numel()), k, dtype=_I64), c[d:]]))
         vals.append(v.to(dtype))
     shape = ref[:d] + (len(tensors),) + ref[d:]
-    return rebuild(fmt, shape, torch.cat(coords, 1), torch.cat(vals), index_dtype)
+    vals = torch.cat(vals)
+    return assemble(fmt, shape, torch.cat(coords, 1), torch.arange(vals.numel()), vals, index_dtype)

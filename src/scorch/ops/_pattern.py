@@ -1,0 +1,53 @@
+"""Reading values at a SparseTensor's stored positions: pattern equality and projection."""
+
+from __future__ import annotations
+
+import torch
+
+from ..convert import coords_of
+from ..tensor import SparseTensor
+
+
+def same_pattern(a: SparseTensor, b: SparseTensor) -> bool:
+    """``a`` and ``b`` store the same positions (cheap when they share index arrays)."""
+    if a is b:
+        return True
+    if a._format != b._format or a._shape != b._shape:
+        return False
+    for x, y in zip(a._pos + a._crd, b._pos + b._crd):
+        if x is y:
+            continue
+        if x is None or y is None or x.shape != y.shape or not torch.equal(x, y):
+            return False
+    return True
+
+
+def project(g, x: SparseTensor) -> torch.Tensor:
+    """The values of ``g`` (dense or sparse) at ``x``'s stored positions, aligned with ``x.values()``."""
+    if isinstance(g, SparseTensor) and same_pattern(g, x):
+        return g._values
+    coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
+    out = torch.zeros(x._values.numel(), dtype=g.dtype)
+    if not coords.shape[1]:
+        return out
+    if isinstance(g, SparseTensor):
+        out[where] = _lookup(g, coords)
+    else:
+        out[where] = g[tuple(coords)]
+    return out
+
+
+def _lookup(g: SparseTensor, coords: torch.Tensor) -> torch.Tensor:
+    """Values of sparse ``g`` at ``coords`` (zero where ``g`` stores nothing), by key search."""
+    gc, gv = g.coo()
+    strides = torch.ones(len(g.shape), dtype=torch.int64)
+    for d in range(len(g.shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * g.shape[d + 1]
+    gkey = (gc * strides.unsqueeze(1)).sum(0)
+    order = torch.argsort(gkey)
+    gkey, gv = gkey[order], gv[order]
+    key = (coords * strides.unsqueeze(1)).sum(0)
+    at = torch.searchsorted(gkey, key).clamp(max=max(gkey.numel() - 1, 0))
+    hit = gkey.numel() > 0
+    found = (gkey[at] == key) if hit else torch.zeros_like(key, dtype=torch.bool)
+    return torch.where(found, gv[at] if hit else torch.zeros(key.shape, dtype=gv.dtype), torch.zeros((), dtype=gv.dtype))
