@@ -51,8 +51,10 @@ def main():
         gen = torch.Generator().manual_seed(0)
         A = g.adjacency("csr")
         A = A.with_values(torch.rand(A.nnz, generator=gen))
-        B = scorch.as_sparse(load_graph(name, args.data if name != "cora" else None).adjacency("coo").to_torch()
-                             .coalesce().transpose(0, 1).coalesce() * 0.5, "csr")
+        # a second matrix with another pattern: the same graph with its node ids shuffled
+        perm = torch.randperm(g.num_nodes, generator=gen)
+        B = scorch.sparse_coo(perm[g.edge_index], torch.rand(g.edge_index.shape[1], generator=gen),
+                              (g.num_nodes, g.num_nodes), format="csr")
         Acoo, Bcoo, Acsr = A.to_torch().to_sparse_coo().coalesce(), B.to_torch().to_sparse_coo().coalesce(), A.to_torch()
 
         assert torch.allclose(torch.softmax(A, 1).to_dense(), torch.sparse.softmax(Acoo, 1).to_dense(), atol=1e-6)

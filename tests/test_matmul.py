@@ -47,3 +47,47 @@ def test_mm_bmm_and_errors():
         torch.mm(A, rnd(6))
     with pytest.raises(ValueError, match="index 'j' has size 6"):
         A @ rnd(5, 2)
+
+
+def test_linear_addmm_tensordot_dropout():
+    import torch.nn.functional as F
+    w, x, b = rnd(6, 5), rnd(3, 5, density=1, seed=1), rnd(6, density=1, seed=2)
+    W = scorch.as_sparse(w, "csr")
+    torch.testing.assert_close(F.linear(x, W, b), F.linear(x, w, b))        # sparse weight
+    torch.testing.assert_close(F.linear(x[0], W), F.linear(x[0], w))         # 1-d input
+    xs = x * (x > 0)
+    torch.testing.assert_close(F.linear(scorch.as_sparse(xs, "csr"), w, b), F.linear(xs, w, b))  # sparse input
+    inp = rnd(6, 3, density=1, seed=3)
+    torch.testing.assert_close(torch.addmm(inp, W, x.t(), beta=0.5, alpha=2), torch.addmm(inp, w, x.t(), beta=0.5, alpha=2))
+    torch.testing.assert_close(torch.addmm(inp, W, x.t(), beta=0), w @ x.t())
+    a3, b3 = rnd(3, 4, 5), rnd(4, 5, 2, density=1)
+    A3 = scorch.as_sparse(a3, "csf")
+    torch.testing.assert_close(torch.tensordot(A3, b3, dims=2), torch.tensordot(a3, b3, dims=2))
+    torch.testing.assert_close(torch.tensordot(A3, b3, dims=([1], [0])), torch.tensordot(a3, b3, dims=([1], [0])))
+    torch.manual_seed(0)
+    D = F.dropout(W, 0.5, training=True)
+    assert isinstance(D, scorch.SparseTensor) and D.nnz == W.nnz
+    kept = D.to_dense() != 0
+    torch.testing.assert_close(D.to_dense()[kept], 2 * w[kept])  # survivors scaled by 1/(1-p)
+    assert F.dropout(W, 0.5, training=False) is W
+
+
+def test_linear_layer_with_sparse_weight_trains():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 4).double()
+    mask = rnd(4, 8) != 0
+    lin.weight = torch.nn.Parameter(scorch.as_sparse(lin.weight.detach() * mask, "csr"))
+    x, y = rnd(16, 8, density=1, seed=1), rnd(16, 4, density=1, seed=2)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    first = None
+    for _ in range(30):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(lin(x), y)
+        loss.backward()
+        opt.step()
+        first = first if first is not None else loss.item()
+    assert loss.item() < 0.7 * first and isinstance(lin.weight, scorch.SparseTensor)
+    P = scorch.as_sparse(rnd(4, 8), "csr")
+    v, b = P.values().clone().requires_grad_(), rnd(4, density=1).requires_grad_()
+    xx = x.clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda v, b, xx: torch.nn.functional.linear(xx, P.with_values(v), b), (v, b, xx))

@@ -61,3 +61,52 @@ def bmm(a, b):
     if a.dim() != 3 or b.dim() != 3:
         raise ScorchValueError(f"bmm: expects 3-d operands, got {a.dim()}-d and {b.dim()}-d")
     return matmul(a, b)
+
+
+@implements(torch.addmm, torch.Tensor.addmm)
+def addmm(input, mat1, mat2, *, beta=1, alpha=1):
+    """``beta * input + alpha * (mat1 @ mat2)`` (either matrix sparse)."""
+    prod = mm(mat1, mat2)
+    if alpha != 1:
+        prod = prod * alpha
+    if beta == 0:  # torch ignores input then (even NaNs in it), but keeps its broadcast shape
+        shape = torch.broadcast_shapes(input.shape, prod.shape)
+        return prod if tuple(prod.shape) == tuple(shape) else prod.expand(shape)
+    return (input if beta == 1 else input * beta) + prod
+
+
+@implements(torch.nn.functional.linear)
+def linear(input, weight, bias=None):
+    """``input @ weight.T + bias`` with a sparse weight (a pruned layer) or a sparse input."""
+    if weight.dim() != 2:
+        raise ScorchValueError(f"linear: weight must be 2-d (out_features, in_features), got {weight.dim()}-d")
+    if input.dim() == 0:
+        raise ScorchValueError("linear: input must have at least 1 dim, got 0-d")
+    out = einsum("...i,oi->...o", input, weight)
+    if isinstance(out, torch.Tensor) and is_sparse(out) and bias is not None:
+        out = out.to_dense()
+    return out if bias is None else out + bias
+
+
+@implements(torch.tensordot)
+def tensordot(a, b, dims=2, out=None):
+    """``torch.tensordot`` as an einsum: ``dims`` an int (last dims of a with first of b) or two lists."""
+    if out is not None:
+        raise ScorchValueError("tensordot: out= is not supported with SparseTensor operands")
+    if isinstance(dims, int):
+        if dims < 0 or dims > min(a.dim(), b.dim()):
+            raise ScorchValueError(f"tensordot: dims={dims} out of range for {a.dim()}-d and {b.dim()}-d operands")
+        da, db = list(range(a.dim() - dims, a.dim())), list(range(dims))
+    else:
+        da, db = ([dims[0]] if isinstance(dims[0], int) else list(dims[0])), \
+                 ([dims[1]] if isinstance(dims[1], int) else list(dims[1]))
+        if len(da) != len(db):
+            raise ScorchValueError(f"tensordot: dims lists differ in length: {da} and {db}")
+        da, db = [d % a.dim() for d in da], [d % b.dim() for d in db]
+    letters = iter(_BATCH + "ijklmnopqrstuvwxyz")
+    ta = [next(letters) for _ in range(a.dim())]
+    tb = [next(letters) for _ in range(b.dim())]
+    for x, y in zip(da, db):
+        tb[y] = ta[x]
+    out_idx = [c for d, c in enumerate(ta) if d not in da] + [c for d, c in enumerate(tb) if d not in db]
+    return einsum(f"{''.join(ta)},{''.join(tb)}->{''.join(out_idx)}", a, b)

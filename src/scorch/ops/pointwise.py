@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .._dispatch import dense_fallback, densified, implements_aten, register_pointwise
-from ..errors import NotSupportedError
+from .._dispatch import dense_fallback, densified, implements, implements_aten, register_pointwise
+from ..errors import NotSupportedError, ScorchValueError
 from ..tensor import SparseTensor
 from ._pattern import project, same_pattern
 
@@ -90,3 +90,18 @@ def _fill_(x, value):
 
 
 __all__ = ["same_pattern", "pointwise"]
+
+
+@implements(torch.nn.functional.dropout, torch.dropout)
+def dropout(input, p=0.5, training=True, inplace=False):
+    """Dropout on the stored values: the pattern is kept, dropped values become 0."""
+    if not 0 <= p <= 1:
+        raise ScorchValueError(f"dropout: p must be in [0, 1], got {p}")
+    if not training or p == 0:
+        return input
+    keep = torch.empty_like(input._values).bernoulli_(1 - p)
+    values = input.values() * keep / (1 - p) if p < 1 else input.values() * 0
+    if inplace:
+        input._values.copy_(values.detach())
+        return input
+    return input.detach().with_values(values) if values.requires_grad else input._like(values=values, nnz=input._nnz)
