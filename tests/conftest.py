@@ -21,3 +21,11 @@ def data_dir():
     if not (DATA_DIR / "cora.npz").exists():
         pytest.skip(f"real graphs not found in {DATA_DIR} (set SCORCH_DATA)")
     return DATA_DIR
+
+
+@pytest.fixture(autouse=True)
+def _sparse_kernels_always(monkeypatch):
+    """Tests exercise scorch's own kernels: no runtime switch to dense torch (and no machine
+    calibration) unless a test asks for it (tests/test_runtime.py)."""
+    import scorch
+    monkeypatch.setattr(scorch.config, "dispatch", "sparse")

@@ -17,9 +17,8 @@ from .errors import InternalError, NotSupportedError, ScorchError, ScorchTypeErr
 from .format import Format, Level, compressed, dense, padded, singleton
 from .interop import as_sparse, is_sparse, sparse_coo
 from .tensor import SparseTensor
-from .compiler import explain
 from . import _dispatch  # noqa: F401  (registers the dispatch table)
-from .ops import einsum, matmul, rearrange
+from .ops import einsum, explain, matmul, rearrange
 from . import nn  # noqa: E402
 
 _alias.install()

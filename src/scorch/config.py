@@ -4,8 +4,24 @@ dense_fallback
     What happens when a torch op without a sparse implementation meets a
     SparseTensor: ``"warn"`` (default: densify, run torch's op, warn once per
     op name), ``"silent"`` (densify without a warning) or ``"raise"``.
+
+dispatch
+    ``"auto"`` (default): an einsum / matmul whose result is dense runs on dense
+    torch kernels when a sparse operand is denser than the crossover measured on
+    this machine (:mod:`scorch.runtime`), else on scorch's sparse kernels;
+    ``"sparse"`` / ``"dense"`` force one path.
+
+dense_threshold
+    None (default: calibrate once per machine, cached) or a density in [0, 1].
+
+auto_sparsify
+    False (default); True runs 2-d dense operands that are mostly zeros (after a
+    ReLU, say) through the sparse kernels.
 """
 
 dense_fallback = "warn"
+dispatch = "auto"
+dense_threshold = None
+auto_sparsify = False
 
 _FALLBACK_CHOICES = ("warn", "silent", "raise")

@@ -13,6 +13,8 @@ shape, dtype, device and ``requires_grad`` are those of the sparse tensor.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import convert
@@ -79,7 +81,7 @@ class SparseTensor(torch.Tensor):
 
     @property
     def density(self) -> float:
-        n = self.numel()
+        n = math.prod(self._shape)
         return self._nnz / n if n else 0.0
 
     def _crd_dtype(self):

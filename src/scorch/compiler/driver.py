@@ -38,14 +38,17 @@ class Plan:
     notes: tuple
     source: str
     backend: str = "generated C"
+    dispatch: str = ""   # sparse or dense path for the call explained, and why (scorch.runtime)
     schedule: Schedule | None = field(default=None, repr=False)
     kernels: tuple = field(default=(), repr=False)
     _fns: dict = field(default_factory=dict, repr=False)
 
     def __str__(self) -> str:
-        lines = [f"einsum {self.equation}", f"  backend:      {self.backend}",
-                 f"  loop order:   {' -> '.join(self.loop_order)}",
-                 f"  output:       {self.output_format}", f"  parallel:     {self.parallel}"]
+        lines = [f"einsum {self.equation}", f"  backend:      {self.backend}"]
+        if self.dispatch:
+            lines.append(f"  path:         {self.dispatch}")
+        lines += [f"  loop order:   {' -> '.join(self.loop_order)}",
+                  f"  output:       {self.output_format}", f"  parallel:     {self.parallel}"]
         if self.schedule is not None:
             lines.append(f"  expression:   {self.schedule.expr}")
             for k, op in enumerate(self.schedule.operands):

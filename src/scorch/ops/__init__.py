@@ -3,8 +3,8 @@ built on the compiler.  Registered in the dispatch table so plain ``torch.*``
 calls and operators on a SparseTensor land here."""
 
 from . import binary, pointwise, reduce, shape  # noqa: F401  (register + - * /, pointwise, reductions, shape ops)
-from .einsum import einsum
+from .einsum import einsum, explain
 from .linalg import matmul
 from .rearrange import rearrange
 
-__all__ = ["einsum", "matmul", "rearrange"]
+__all__ = ["einsum", "explain", "matmul", "rearrange"]

@@ -10,8 +10,11 @@ dims).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from .. import config, runtime
 from .._dispatch import implements
 from ..compiler import driver
 from ..compiler.notation import parse
@@ -32,10 +35,54 @@ def einsum(equation: str, *operands, format=None):
     """
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
+    operands = runtime.maybe_sparsify(operands)
+    if _dense_path(equation, operands, format):
+        dense = [x.to_dense() if isinstance(x, SparseTensor) else x for x in driver._operands(operands)]
+        return torch.einsum(equation, *dense)
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in operands):
         ops = driver._operands(operands)
         return _Einsum.apply(equation, format, *ops)
     return driver.einsum(equation, *operands, format=format)
+
+
+def decision(equation: str, operands, format=None) -> runtime.Decision:
+    """Which path ``einsum(equation, *operands)`` takes, and why."""
+    ops = driver._operands(operands)
+    sparse = [x for x in ops if isinstance(x, SparseTensor)]
+    if sparse and config.dispatch == "auto" and max(x.density for x in sparse) < 0.01:
+        return runtime.Decision("sparse", f"density {max(x.density for x in sparse):.3g} < 0.01")
+    dense_result = bool(sparse) and format in (None, "dense") and \
+        driver._plan(equation, ops, format)[0].schedule.output[0] == "dense"
+    return runtime.decide(ops, dense_result)
+
+
+_DENSE_RESULT: dict = {}  # operand signature -> does the sparse plan give a dense result
+
+
+def _dense_path(equation, operands, format) -> bool:
+    if config.dispatch == "sparse" or not any(isinstance(x, SparseTensor) for x in operands):
+        return False
+    if config.dispatch == "auto" and max(x.density for x in operands if isinstance(x, SparseTensor)) < 0.01:
+        return False  # the common case decides without planning
+    key = driver._signature(equation, format, operands)
+    dense_result = _DENSE_RESULT.get(key) if key is not None else None
+    if dense_result is None:
+        ops = driver._operands(operands)
+        dense_result = format in (None, "dense") and driver._plan(equation, ops, format)[0].schedule.output[0] == "dense"
+        if key is not None:
+            _DENSE_RESULT[key] = dense_result
+    return runtime.decide(operands, dense_result).path == "dense"
+
+
+def explain(equation: str, *operands, format=None):
+    """The plan of ``einsum(equation, *operands)``: the path (sparse kernel or dense torch, and
+    why), loop order, output format and the generated C (``.source``)."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    operands = runtime.maybe_sparsify(operands)
+    plan = driver.explain(equation, *operands, format=format)
+    d = decision(equation, operands, format)
+    return dataclasses.replace(plan, dispatch=f"{d.path} ({d.reason})")
 
 
 implements(torch.einsum)(einsum)

@@ -7,6 +7,7 @@ import torch
 from .._dispatch import implements
 from ..errors import ScorchValueError
 from ..interop import is_sparse
+from ..tensor import SparseTensor
 from .einsum import einsum
 
 _BATCH = "abcdefgh"
@@ -41,7 +42,12 @@ def matmul(a, b):
     """
     if not (is_sparse(a) or is_sparse(b)):
         return torch.matmul(a, b)
-    return einsum(_equation(a.dim(), b.dim()), a, b)
+    return einsum(_equation(_ndim(a), _ndim(b)), a, b)
+
+
+def _ndim(x) -> int:
+    """Number of dims without a torch-function round trip for SparseTensors (hot path)."""
+    return len(x._shape) if isinstance(x, SparseTensor) else x.dim()
 
 
 @implements(torch.Tensor.__rmatmul__)

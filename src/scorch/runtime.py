@@ -1,0 +1,155 @@
+"""Runtime dispatch between sparse kernels and dense torch (seed 001: a runtime
+that adapts to dense and sparse data).
+
+Per einsum call whose result is dense, a sparse operand that is dense enough
+runs through torch's dense (BLAS) kernels instead; where the line lies is
+measured on this machine once -- the density at which dense ``torch.mm``
+catches up with scorch's SpMM -- and cached on disk beside the kernel cache
+(keyed by CPU, thread count and torch version), not hard-coded.  With
+``scorch.config.auto_sparsify`` a 2-d dense operand that is mostly zeros
+(e.g. after ReLU) takes the sparse path.  ``scorch.explain`` reports the path
+and why.
+
+Settings (``scorch.config``): ``dispatch = "auto" | "sparse" | "dense"``;
+``dense_threshold`` (None: calibrated) ; ``auto_sparsify`` (bool).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import config
+from .errors import ScorchValueError
+from .tensor import SparseTensor
+
+_CAL_VERSION = 1
+_memo: dict = {}
+
+
+@dataclass(frozen=True)
+class Decision:
+    path: str        # "sparse" or "dense"
+    reason: str
+
+
+def _machine_key() -> str:
+    return _machine_key_for(torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=None)
+def _machine_key_for(threads: int) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"v{_CAL_VERSION}|{cpu}|{threads} threads|torch {torch.__version__}"
+
+
+def _cache_file():
+    from .compiler import build
+    return build.cache_dir() / "calibration.json"
+
+
+def calibrate(n: int = 1024, k: int = 64, densities=(0.01, 0.03, 0.1, 0.2, 0.35, 0.5), repeat: int = 5) -> float:
+    """Measure the density at which dense ``torch.mm`` is as fast as scorch's SpMM (n x n
+    times n x k); 1.0 if the sparse kernel wins everywhere measured."""
+    from .compiler.driver import einsum  # the sparse kernel itself, not the dispatching einsum
+    from .interop import as_sparse
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(n, k, generator=g)
+    for d in densities:
+        dense = torch.randn(n, n, generator=g) * (torch.rand(n, n, generator=g) < d)
+        S = as_sparse(dense, "csr")
+        einsum("ij,jk->ik", S, X), dense @ X  # warm up (compile once)
+        ts, td = [], []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            einsum("ij,jk->ik", S, X)
+            t1 = time.perf_counter()
+            dense @ X
+            t2 = time.perf_counter()
+            ts.append(t1 - t0)
+            td.append(t2 - t1)
+        if statistics.median(td) <= statistics.median(ts):
+            return d
+    return 1.0
+
+
+def dense_threshold() -> float:
+    """The density from which dense kernels are used (``config.dense_threshold``, else calibrated)."""
+    if config.dense_threshold is not None:
+        t = float(config.dense_threshold)
+        if not 0.0 <= t <= 1.0:
+            raise ScorchValueError(f"scorch.config.dense_threshold must be in [0, 1] or None, got {t}")
+        return t
+    key = _machine_key()
+    if key in _memo:
+        return _memo[key]
+    path = _cache_file()
+    try:
+        cached = json.loads(path.read_text())
+        if key in cached:
+            _memo[key] = float(cached[key])
+            return _memo[key]
+    except (OSError, ValueError):
+        cached = {}
+    value = calibrate()
+    _memo[key] = value
+    try:  # best effort: an unwritable cache dir just means calibrating again next process
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cached[key] = value
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".calibration")
+        with os.fdopen(fd, "w") as f:
+            json.dump(cached, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return value
+
+
+def decide(ops, dense_result: bool) -> Decision:
+    """Sparse or dense execution for one call (``ops``: the operands as given)."""
+    mode = config.dispatch
+    if mode not in ("auto", "sparse", "dense"):
+        raise ScorchValueError(f"scorch.config.dispatch must be 'auto', 'sparse' or 'dense', got {mode!r}")
+    sparse = [x for x in ops if isinstance(x, SparseTensor)]
+    if not sparse:
+        return Decision("dense", "no sparse operand")
+    if mode != "auto":
+        return Decision(mode, f"scorch.config.dispatch = {mode!r}")
+    if not dense_result:
+        return Decision("sparse", "the result is sparse (it keeps or builds a pattern)")
+    density = max(x.density for x in sparse)
+    if density < 0.01:
+        return Decision("sparse", f"density {density:.3g} < 0.01")
+    t = dense_threshold()
+    if density >= t:
+        return Decision("dense", f"density {density:.3g} >= {t:.3g}, where dense BLAS wins on this machine")
+    return Decision("sparse", f"density {density:.3g} < {t:.3g} (the calibrated crossover)")
+
+
+def maybe_sparsify(ops):
+    """With ``config.auto_sparsify``: 2-d dense float operands that are mostly zeros become CSR."""
+    if not config.auto_sparsify:
+        return ops
+    from .interop import as_sparse
+    out = []
+    for x in ops:
+        if (type(x) is torch.Tensor and x.dim() == 2 and x.layout == torch.strided and x.dtype.is_floating_point
+                and not x.requires_grad and x.numel() >= 4096):
+            density = float((x != 0).sum()) / x.numel()
+            if density < min(0.5 * dense_threshold(), 0.1):
+                x = as_sparse(x, "csr")
+        out.append(x)
+    return out

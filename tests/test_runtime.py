@@ -1,0 +1,97 @@
+"""Runtime dispatch: dense torch kernels for dense-enough operands, a calibrated threshold
+cached per machine, auto-sparsification of mostly-zero dense operands; explain says why."""
+
+import json
+
+import pytest
+import torch
+
+import scorch
+from scorch import runtime
+from scorch.compiler import build
+
+pytestmark = pytest.mark.skipif(not build.have_compiler(), reason="no C compiler")
+
+
+def rnd(*shape, density=0.3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64) * (torch.rand(*shape, generator=g) < density) + 0.0
+
+
+@pytest.fixture(autouse=True)
+def auto(monkeypatch):
+    monkeypatch.setattr(scorch.config, "dispatch", "auto")
+
+
+@pytest.fixture
+def threshold(monkeypatch):
+    monkeypatch.setattr(scorch.config, "dense_threshold", 0.25)
+
+
+def test_dense_enough_operand_runs_dense(threshold):
+    a, x = rnd(40, 30, density=0.6), rnd(30, 8, density=1)
+    A = scorch.as_sparse(a, "csr")
+    plan = scorch.explain("ij,jk->ik", A, x)
+    assert plan.dispatch.startswith("dense (density") and ">= 0.25" in plan.dispatch
+    torch.testing.assert_close(A @ x, a @ x)
+
+
+def test_sparse_operand_runs_sparse_kernels(threshold):
+    A, x = scorch.as_sparse(rnd(40, 30, density=0.1), "csr"), rnd(30, 8, density=1)
+    assert scorch.explain("ij,jk->ik", A, x).dispatch.startswith("sparse (density")
+    assert scorch.explain("ij,jk->ik", scorch.as_sparse(rnd(400, 300, density=0.005), "csr"),
+                          rnd(300, 2, density=1)).dispatch.startswith("sparse (density")
+
+
+def test_sparse_results_stay_on_the_sparse_path(threshold):
+    A = scorch.as_sparse(rnd(10, 12, density=0.9), "csr")
+    plan = scorch.explain("ij,ik,jk->ij", A, rnd(10, 3, density=1), rnd(12, 3, density=1))
+    assert plan.dispatch.startswith("sparse (the result is sparse")
+
+
+def test_dense_path_is_differentiable(threshold):
+    P = scorch.as_sparse(rnd(6, 5, density=0.8), "csr")
+    v, x = P.values().clone().requires_grad_(), rnd(5, 3, density=1).requires_grad_()
+    assert scorch.explain("ij,jk->ik", P, x).dispatch.startswith("dense")
+    assert torch.autograd.gradcheck(lambda v, x: P.with_values(v) @ x, (v, x))
+
+
+def test_forced_paths_and_bad_settings(monkeypatch):
+    A, x = scorch.as_sparse(rnd(20, 10, density=0.9), "csr"), rnd(10, 4, density=1)
+    monkeypatch.setattr(scorch.config, "dispatch", "sparse")
+    assert scorch.explain("ij,jk->ik", A, x).dispatch == "sparse (scorch.config.dispatch = 'sparse')"
+    monkeypatch.setattr(scorch.config, "dispatch", "dense")
+    torch.testing.assert_close(A @ x, A.to_dense() @ x)
+    monkeypatch.setattr(scorch.config, "dispatch", "fast")
+    with pytest.raises(ValueError, match="dispatch must be"):
+        scorch.explain("ij,jk->ik", A, x)
+    monkeypatch.setattr(scorch.config, "dispatch", "auto")
+    monkeypatch.setattr(scorch.config, "dense_threshold", 2.0)
+    with pytest.raises(ValueError, match="dense_threshold must be in"):
+        scorch.explain("ij,jk->ik", A, x)
+
+
+def test_calibration_measures_and_caches(monkeypatch, tmp_path):
+    monkeypatch.setenv("SCORCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(runtime, "_memo", {})
+    monkeypatch.setattr(runtime, "calibrate", lambda: 0.125)  # the measurement itself: below
+    assert runtime.dense_threshold() == 0.125
+    cached = json.loads((tmp_path / "calibration.json").read_text())
+    assert list(cached.values()) == [0.125] and "threads" in next(iter(cached))
+    monkeypatch.setattr(runtime, "_memo", {})
+    monkeypatch.setattr(runtime, "calibrate", lambda: pytest.fail("should come from the cache"))
+    assert runtime.dense_threshold() == 0.125
+
+
+def test_calibrate_returns_a_density():
+    d = runtime.calibrate(n=128, k=16, densities=(0.05, 0.5, 0.9), repeat=2)
+    assert d in (0.05, 0.5, 0.9, 1.0)
+
+
+def test_auto_sparsify(monkeypatch, threshold):
+    monkeypatch.setattr(scorch.config, "auto_sparsify", True)
+    relu_out = torch.relu(rnd(100, 80, density=1) - 2.0)  # ~2% nonzero after a shifted ReLU
+    w = rnd(80, 16, density=1)
+    plan = scorch.explain("ij,jk->ik", relu_out, w)
+    assert plan.dispatch.startswith("sparse") and plan.schedule.operands[0].sparse
+    torch.testing.assert_close(scorch.einsum("ij,jk->ik", relu_out, w), relu_out @ w)
