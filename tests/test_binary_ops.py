@@ -83,3 +83,41 @@ def test_gradcheck(name, f):
     v, w = P.values().clone().requires_grad_(), Q.values().clone().requires_grad_()
     x = rnd(4, 5, density=1, seed=2).requires_grad_()
     assert torch.autograd.gradcheck(lambda v, w, x: dense(f(P.with_values(v), Q.with_values(w), x)), (v, w, x))
+
+
+UNARY = {  # op: keeps the pattern (f(0) == 0)?
+    "neg": (torch.neg, True), "abs": (torch.abs, True), "relu": (torch.relu, True), "sqrt": (torch.sqrt, True),
+    "sin": (torch.sin, True), "tanh": (torch.tanh, True), "sign": (torch.sign, True),
+    "pow2": (lambda x: torch.pow(x, 2), True), "pow0.5": (lambda x: x.abs().pow(0.5), True),
+    "clamp(-1,1)": (lambda x: torch.clamp(x, -1, 1), True), "clamp(min=0.5)": (lambda x: x.clamp(min=0.5), False),
+    "exp": (torch.exp, False), "cos": (torch.cos, False), "sigmoid": (torch.sigmoid, False),
+    "leaky_relu": (torch.nn.functional.leaky_relu, True), "gelu": (torch.nn.functional.gelu, True),
+}
+
+
+@pytest.mark.parametrize("name", list(UNARY))
+@pytest.mark.parametrize("fmt", ["csr", "coo", "ell", "csf"])
+def test_unary_ops(name, fmt):
+    f, keeps = UNARY[name]
+    x = rnd(5, 6)
+    A = scorch.as_sparse(x, fmt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = f(A)
+    want = f(x)
+    assert isinstance(got, scorch.SparseTensor) == keeps
+    if keeps:
+        assert got.nnz == A.nnz
+    torch.testing.assert_close(dense(got), want, equal_nan=True)
+
+
+def test_linalg_gradchecks():
+    P = scorch.as_sparse(rnd(4, 5), "csr")
+    v = P.values().clone().requires_grad_()
+    m, inp = rnd(5, 3, density=1).requires_grad_(), rnd(4, 3, density=1).requires_grad_()
+    assert torch.autograd.gradcheck(lambda v, m, inp: torch.addmm(inp, P.with_values(v), m, beta=0.5, alpha=2),
+                                     (v, m, inp))
+    Q = scorch.as_sparse(rnd(2, 4, 5), "csr")
+    w, b = Q.values().clone().requires_grad_(), rnd(2, 5, 3, density=1).requires_grad_()
+    assert torch.autograd.gradcheck(lambda w, b: torch.bmm(Q.with_values(w), b), (w, b))
+    assert torch.autograd.gradcheck(lambda w, b: torch.tensordot(Q.with_values(w), b[0], dims=([2], [0])), (w, b))
