@@ -84,6 +84,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeat", type=int, default=15)
     args = ap.parse_args()
+    scorch.config.dispatch = "sparse"  # measure scorch's kernels, never the runtime's switch to dense torch
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     overheads()
     ks = [16, 64] if args.quick else [16, 64, 128, 256]
