@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -24,20 +24,10 @@ import torch
 import scorch
 from scorch.datasets import load_graph, rmat
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import timeit  # noqa: E402
+
 warnings.filterwarnings("ignore", message=".*beta.*")
-
-
-def timeit(fns, repeat):
-    """Median seconds of each fn, run alternately (fair on a noisy machine)."""
-    for f in fns:
-        f()
-    ts = [[] for _ in fns]
-    for _ in range(repeat):
-        for k, f in enumerate(fns):
-            t0 = time.perf_counter()
-            f()
-            ts[k].append(time.perf_counter() - t0)
-    return [statistics.median(t) for t in ts]
 
 
 def graphs(data_dir, quick):
@@ -117,7 +107,7 @@ def main():
         t_ours, t_base = timeit([lambda: scorch.einsum("ij,j->i", A, x), lambda: T @ x], args.repeat)
         rows.append(("SpMV", g.name, 1, t_ours, t_base, "csr @ x"))
 
-    print(f"\n| kernel | graph | K | scorch ms | baseline ms | speedup | baseline |")
+    print("\n| kernel | graph | K | scorch ms | baseline ms | speedup | baseline |")
     print("|---|---|---|---|---|---|---|")
     by_kernel = {}
     for kern, name, K, t, b, what in rows:

@@ -13,8 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
-import time
+import sys
 import warnings
 from pathlib import Path
 
@@ -23,19 +22,10 @@ import torch
 import scorch
 from scorch.datasets import load_graph
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import timeit  # noqa: E402
+
 warnings.filterwarnings("ignore", message=".*beta.*")
-
-
-def timeit(fns, repeat):
-    for f in fns:
-        f()
-    ts = [[] for _ in fns]
-    for _ in range(repeat):
-        for k, f in enumerate(fns):
-            t0 = time.perf_counter()
-            f()
-            ts[k].append(time.perf_counter() - t0)
-    return [statistics.median(t) for t in ts]
 
 
 def main():
