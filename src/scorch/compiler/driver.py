@@ -445,8 +445,8 @@ def _assemble(plan, ops, size, cdtype, nthreads, out_shape):
     rows = 1
     for n in out_shape[:-1]:
         rows *= n
-    width = out_shape[-1]
-    marks = torch.full((nthreads * width,), -1, dtype=torch.int64)
+    width = out_shape[-1] if plan.kernels[1].uses_workspace else 0  # in-order rows need no workspace
+    marks = torch.full((max(nthreads * width, 1),), -1, dtype=torch.int64)
     counts = torch.zeros(rows, dtype=torch.int64)
     _call(plan, plan.kernels[0], ops, size, cdtype, {"nthreads": nthreads, "counts": counts, "marks": marks})
     rowpos = torch.zeros(rows + 1, dtype=torch.int64)
@@ -457,7 +457,7 @@ def _assemble(plan, ops, size, cdtype, nthreads, out_shape):
     vals = torch.empty(nnz, dtype=cdtype)
     _call(plan, plan.kernels[1], ops, size, cdtype,
           {"nthreads": nthreads, "rowpos": rowpos, "marks": marks, "list": torch.empty_like(marks),
-           "ws": torch.empty(nthreads * width, dtype=cdtype), "out_crd": crd, "out": vals})
+           "ws": torch.empty(max(nthreads * width, 1), dtype=cdtype), "out_crd": crd, "out": vals})
     fmt = preset("csr", len(out_shape))
     idx = torch.int32 if max(nnz, *out_shape) < 2**31 else torch.int64
     n = len(out_shape)

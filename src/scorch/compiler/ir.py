@@ -225,6 +225,7 @@ class Kernel:
     params: tuple
     body: Block
     writes_every_output: bool = False  # assigns each dense output element once: no zero-fill needed
+    uses_workspace: bool = False       # an assembled output's per-thread marks / list / values rows
 
     def __str__(self):
         sig = ", ".join(f"{p.ctype} {p.name}" for p in self.params)

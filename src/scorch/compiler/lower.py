@@ -66,6 +66,9 @@ class _Lowerer:
                            and r.split("_")[0] == r and self._vectorisable(r))
         self.used = {a.operand for a in accesses(s.expr)}
         self.rows = tuple(self.ein.output[:-1]) if s.output[0] == "assemble" else ()
+        # Elementwise results (A + B, A * B): the loops are exactly the output indices in order, so
+        # each row's coordinates arrive sorted and once each: append them, no workspace or sort.
+        self.in_order = s.output[0] == "assemble" and s.loop_order == tuple(self.ein.output) and not s.splits
         self.params = self._params()
         self.acc_depth = None
 
@@ -159,10 +162,13 @@ class _Lowerer:
             body = [If(_C("tid").eq(Const(0)), Block(tuple(body)))]
         name = {"count": "kernel_count", "fill": "kernel_fill"}.get(self.phase, "kernel")
         return Kernel(name, self.params, Block((Parallel(Block(tuple(self.prelude()) + tuple(body)),
-                                                         _C("nthreads")),)), self.assign_once)
+                                                         _C("nthreads")),)), self.assign_once,
+                      uses_workspace=self.phase in ("count", "fill") and not self.in_order)
 
     def prelude(self):
         vt, s = self.vtype, self.s
+        if self.in_order:
+            return []
         if self.phase == "count":
             return [Decl("int64_t * restrict", "mark", _C("marks") + _C("tid") * _C(f"n_{self.ein.output[-1]}"))]
         if self.phase == "fill":
@@ -453,6 +459,11 @@ class _Lowerer:
                 return [Assign(_C("wrow")[_C(self.ws[0])], val, "+=")]
             return [Assign(self.target(st), val, "+=")]
         c = _C(self.ein.output[-1])
+        if self.in_order:
+            if self.phase == "count":
+                return [Assign(_C("cnt"), Const(1), "+=")]
+            at = _C("rowpos")[_C("row")] + _C("len")
+            return [Assign(_C("out_crd")[at], c), Assign(_C("out")[at], val), Assign(_C("len"), Const(1), "+=")]
         first = Bin("!=", _C("mark")[c], _C("row"))
         if self.phase == "count":
             return [If(first, Block((Assign(_C("mark")[c], _C("row")), Assign(_C("cnt"), Const(1), "+="))))]
@@ -469,7 +480,7 @@ class _Lowerer:
     def row_end(self, st):
         if self.phase == "count":
             return [Assign(_C("counts")[_C("row")], _C("cnt"))]
-        if self.phase != "fill":
+        if self.phase != "fill" or self.in_order:
             return []
         base = _C("rowpos")[_C("row")]
         c = _C("lst")[_C("m")]

@@ -156,6 +156,11 @@ def make_schedule(einsum: Einsum, operands, out_format: str, expr=None) -> Sched
         all_vars += [splits[v][1], splits[v][2]] if v in splits else [v]
 
     output, rows = _output(einsum, expr, ops, out_format)
+    if output[0] == "assemble":  # row loops must visit each output row once: unique levels only
+        for k, op in enumerate(ops):
+            if op.sparse and (new := _unique_compressed(op)).fmt != op.fmt:
+                notes.append(f"operand {k} re-formatted {op.fmt} -> {new.fmt}: output rows are assembled once each")
+                ops[k] = new
     order = _order_vars(ops, einsum.output, all_vars, rows)
     if order is None and rows:  # re-order operands whose levels put another index before the rows
         for k, op in enumerate(ops):
