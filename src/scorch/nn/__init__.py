@@ -1,8 +1,12 @@
-"""``scorch.nn``: every name of ``torch.nn``, plus scorch's sparse layers (as they land)."""
+"""``scorch.nn``: every name of ``torch.nn``, plus scorch's sparse layers: ``GCNConv``,
+``SAGEConv``, ``GATConv`` (graph layers on a SparseTensor / torch.sparse / edge_index
+adjacency) and ``SparseLinear`` (a pruned linear layer with a sparse weight)."""
 
 import torch.nn as _tnn
 
 from . import functional  # noqa: F401  (scorch.nn.functional is scorch's, not torch's)
+from .gnn import GATConv, GCNConv, SAGEConv, gcn_norm  # noqa: F401
+from .sparse_linear import SparseLinear  # noqa: F401
 
 
 def __getattr__(name):

@@ -1,0 +1,318 @@
+"""Graph neural-network layers on scorch sparse adjacencies: ``GCNConv``, ``SAGEConv``, ``GATConv``.
+
+Owns turning the accepted adjacency inputs (a 2-d SparseTensor, a ``torch.sparse``
+tensor, or a PyG-style ``edge_index``) into one CSR SparseTensor per layer kind
+(GCN normalisation, SAGE row-mean, GAT pattern with self-loops), the per-input
+cache of that matrix, and the layers themselves.  All structure work is
+vectorised torch on the stored entries; the adjacency is never densified, and
+the products run scorch's compiled kernels (SpMM, sparse softmax).
+
+Convention (as in PyG): row ``i`` of the adjacency is the node that aggregates,
+column ``j`` the neighbour it reads, so ``out = A_hat @ h``.  An ``edge_index``
+lists ``(source, target)`` pairs, i.e. it holds ``(j, i)``: ``A[i, j]`` is set
+for each column ``edge_index[:, e] = (j, i)``.  Edge values of a sparse input are
+used as edge weights by GCN and SAGE; GAT uses only the pattern.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import convert
+from ..errors import ScorchTypeError, ScorchValueError
+from ..interop import is_sparse, sparse_coo
+from ..tensor import SparseTensor
+
+__all__ = ["GATConv", "GCNConv", "SAGEConv", "gcn_norm"]
+
+
+# ---------------------------------------------------------------- adjacency inputs -> (row, col, weight)
+
+def _edges(adj, num_nodes: int, layer: str):
+    """``(row, col, weight)`` of the stored entries of ``adj`` (row = aggregating node);
+    ``weight`` is None for an ``edge_index``.  Raises naming expected vs actual shapes."""
+    if isinstance(adj, SparseTensor) or is_sparse(adj):
+        _check_square(adj.shape, num_nodes, layer)
+        if isinstance(adj, SparseTensor):
+            coords, vals = convert.coords_of(adj._format, adj._shape, adj._pos, adj._crd, adj._values)
+        else:
+            coo = adj.detach().to_sparse_coo().coalesce()
+            coords, vals = coo.indices(), coo.values()
+        if vals.dim() != 1:
+            raise ScorchValueError(f"{layer}: adj must hold scalar entries, got values of shape {tuple(vals.shape)}")
+        return coords[0], coords[1], vals.detach()
+    if isinstance(adj, torch.Tensor):
+        return _edge_index(adj, num_nodes, layer)
+    raise ScorchTypeError(f"{layer}: adj must be a SparseTensor, a torch.sparse tensor or an edge_index "
+                          f"(2 x E int64 tensor), got {type(adj).__name__}")
+
+
+def _check_square(shape, n: int, layer: str) -> None:
+    if tuple(shape) != (n, n):
+        raise ScorchValueError(f"{layer}: adj must have shape (num_nodes, num_nodes) = ({n}, {n}) "
+                               f"for x with {n} rows, got {tuple(shape)}")
+
+
+def _edge_index(ei: torch.Tensor, n: int, layer: str):
+    if ei.dtype.is_floating_point or ei.dtype.is_complex or ei.dtype == torch.bool:
+        raise ScorchTypeError(f"{layer}: a dense adj is read as edge_index and must be an integer tensor, "
+                              f"got dtype {ei.dtype} (pass a SparseTensor for a weighted adjacency)")
+    if ei.dim() != 2 or ei.shape[0] != 2:
+        raise ScorchValueError(f"{layer}: edge_index must have shape (2, E), got {tuple(ei.shape)}")
+    ei = ei.to(torch.int64)
+    if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):
+        raise ScorchValueError(f"{layer}: edge_index entries must lie in [0, num_nodes) = [0, {n}), "
+                               f"got [{int(ei.min())}, {int(ei.max())}]")
+    return ei[1], ei[0], None  # (source j, target i) -> A[i, j]
+
+
+def _add_remaining_self_loops(row, col, w, n: int):
+    """Self-loops of weight 1 on every node without one; existing loops keep their weight."""
+    loop = row == col
+    loop_w = torch.ones(n, dtype=w.dtype)
+    loop_w[row[loop]] = w[loop]
+    nodes = torch.arange(n)
+    keep = ~loop
+    return torch.cat([row[keep], nodes]), torch.cat([col[keep], nodes]), torch.cat([w[keep], loop_w])
+
+
+def _csr(row, col, w, n: int) -> SparseTensor:
+    return sparse_coo(torch.stack([row, col]), w, (n, n), format="csr")
+
+
+def gcn_norm(adj, num_nodes: int, *, add_self_loops: bool = True, normalize: bool = True,
+             dtype=torch.float32, _layer: str = "gcn_norm") -> SparseTensor:
+    """``D^-1/2 (A + I) D^-1/2`` as a CSR SparseTensor (``D`` the row sums of ``A + I``);
+    duplicate edges are summed.  ``normalize=False`` returns ``A (+ I)``."""
+    row, col, w = _edges(adj, num_nodes, _layer)
+    w = torch.ones(row.numel(), dtype=dtype) if w is None else w.to(dtype)
+    if add_self_loops:
+        row, col, w = _add_remaining_self_loops(row, col, w, num_nodes)
+    if normalize:
+        deg = torch.zeros(num_nodes, dtype=dtype).index_add_(0, row, w)
+        dinv = deg.pow(-0.5).masked_fill_(deg == 0, 0)
+        w = dinv[row] * w * dinv[col]
+    return _csr(row, col, w, num_nodes)
+
+
+def _mean_adj(adj, n: int, dtype) -> SparseTensor:
+    """Row-normalised adjacency (weighted mean over each node's neighbours)."""
+    row, col, w = _edges(adj, n, "SAGEConv")
+    w = torch.ones(row.numel(), dtype=dtype) if w is None else w.to(dtype)
+    deg = torch.zeros(n, dtype=dtype).index_add_(0, row, w)
+    return _csr(row, col, w / deg[row], n)
+
+
+def _gat_pattern(adj, n: int, add_self_loops: bool, dtype):
+    """``(A, row, col, pos)``: the 0/1 CSR pattern (self-loops replaced by one per node when
+    asked) and each stored entry's coordinates and index into ``A.values()`` (``pos`` is
+    None when that index is the identity, as for CSR)."""
+    row, col, _ = _edges(adj, n, "GATConv")
+    if add_self_loops:
+        keep = row != col
+        nodes = torch.arange(n)
+        row, col = torch.cat([row[keep], nodes]), torch.cat([col[keep], nodes])
+    A = _csr(row, col, torch.ones(row.numel(), dtype=dtype), n)
+    coords, _, pos = convert.coords_of(A._format, A._shape, A._pos, A._crd, A._values, positions=True)
+    in_order = pos.numel() == A._values.numel() and torch.equal(pos, torch.arange(pos.numel()))
+    return A, coords[0], coords[1], None if in_order else pos
+
+
+# ---------------------------------------------------------------- cache and shared checks
+
+class _AdjCache:
+    """Built adjacencies keyed by the input object (held weakly) and a key (dtype, n)."""
+
+    def __init__(self):
+        self._store: dict = {}
+
+    def get(self, adj, key, build):
+        k = (id(adj), *key)
+        hit = self._store.get(k)
+        if hit is not None and hit[0]() is adj:
+            return hit[1]
+        value = build()
+        self._store = {kk: v for kk, v in self._store.items() if v[0]() is not None}
+        self._store[k] = (weakref.ref(adj), value)
+        return value
+
+    def clear(self):
+        self._store = {}
+
+
+def _check_x(x, in_channels: int, layer: str) -> None:
+    if not isinstance(x, torch.Tensor) or isinstance(x, SparseTensor) or x.layout != torch.strided:
+        raise ScorchTypeError(f"{layer}: x must be a dense torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 2 or x.shape[1] != in_channels:
+        raise ScorchValueError(f"{layer}: x must have shape (num_nodes, in_channels) = (N, {in_channels}), "
+                               f"got {tuple(x.shape)}")
+
+
+def _check_positive(layer: str, **kw) -> None:
+    for name, v in kw.items():
+        if not isinstance(v, int) or v <= 0:
+            raise ScorchValueError(f"{layer}: {name} must be a positive int, got {v!r}")
+
+
+def _glorot(t: torch.Tensor) -> None:
+    nn.init.xavier_uniform_(t) if t.dim() == 2 else _glorot_flat(t)
+
+
+def _glorot_flat(t: torch.Tensor) -> None:
+    bound = math.sqrt(6.0 / (t.size(-2) + t.size(-1)))
+    with torch.no_grad():
+        t.uniform_(-bound, bound)
+
+
+class _GraphConv(nn.Module):
+    """Shared parts: the adjacency cache and its lookup."""
+
+    def __init__(self, cached: bool):
+        super().__init__()
+        self.cached = cached
+        self._cache = _AdjCache()
+
+    def _adjacency(self, adj, x, build):
+        if not self.cached:
+            return build()
+        return self._cache.get(adj, (x.dtype, x.shape[0]), build)
+
+
+# ---------------------------------------------------------------- layers
+
+class GCNConv(_GraphConv):
+    """Graph convolution (Kipf & Welling): ``out = D^-1/2 (A + I) D^-1/2 @ (x @ W^T) + b``.
+
+    ``forward(x, adj)``: ``x`` is ``N x in_channels``; ``adj`` a SparseTensor or
+    ``torch.sparse`` tensor (``N x N``, values are edge weights) or an
+    ``edge_index`` (``2 x E``).  With ``cached=True`` the normalised adjacency is
+    built once per adjacency object (and dtype).  Parameter names follow PyG
+    (``lin.weight``, ``bias``).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, bias: bool = True, add_self_loops: bool = True,
+                 normalize: bool = True, cached: bool = False):
+        super().__init__(cached)
+        _check_positive("GCNConv", in_channels=in_channels, out_channels=out_channels)
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.add_self_loops, self.normalize = add_self_loops, normalize
+        self.lin = nn.Linear(in_channels, out_channels, bias=False)
+        self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        _glorot(self.lin.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+        self._cache.clear()
+
+    def forward(self, x: torch.Tensor, adj) -> torch.Tensor:
+        _check_x(x, self.in_channels, "GCNConv")
+        A = self._adjacency(adj, x, lambda: gcn_norm(
+            adj, x.shape[0], add_self_loops=self.add_self_loops, normalize=self.normalize, dtype=x.dtype,
+            _layer="GCNConv"))
+        out = A @ self.lin(x)
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, normalize={self.normalize}, cached={self.cached}"
+
+
+class SAGEConv(_GraphConv):
+    """GraphSAGE with mean aggregation: ``out = lin_l(mean_{j in N(i)} x_j) + lin_r(x_i)``.
+
+    The mean is the row-normalised adjacency times ``x`` (weighted by edge
+    values for a sparse input; a node without neighbours aggregates zeros).
+    ``lin_l`` carries the bias, ``lin_r`` (root weight) has none, as in PyG.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, bias: bool = True, cached: bool = False):
+        super().__init__(cached)
+        _check_positive("SAGEConv", in_channels=in_channels, out_channels=out_channels)
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.lin_l = nn.Linear(in_channels, out_channels, bias=bias)
+        self.lin_r = nn.Linear(in_channels, out_channels, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for lin in (self.lin_l, self.lin_r):
+            _glorot(lin.weight)
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+        self._cache.clear()
+
+    def forward(self, x: torch.Tensor, adj) -> torch.Tensor:
+        _check_x(x, self.in_channels, "SAGEConv")
+        A = self._adjacency(adj, x, lambda: _mean_adj(adj, x.shape[0], x.dtype))
+        # mean(x) @ W^T == mean(x @ W^T): aggregate in the narrower width
+        if self.out_channels < self.in_channels:
+            agg = A @ F.linear(x, self.lin_l.weight)
+            agg = agg if self.lin_l.bias is None else agg + self.lin_l.bias
+        else:
+            agg = self.lin_l(A @ x)
+        return agg + self.lin_r(x)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, aggr='mean', cached={self.cached}"
+
+
+class GATConv(_GraphConv):
+    """Graph attention (Velickovic et al.), PyG's ``GATConv`` formula.
+
+    Per head ``h = x @ W^T``; on each stored entry ``(i, j)`` of the pattern
+    ``e_ij = LeakyReLU(att_dst . h_i + att_src . h_j)``; ``alpha = softmax`` over
+    row ``i`` (a sparse softmax: absent entries are -inf); ``out_i = sum_j alpha_ij h_j``.
+    Heads are concatenated (``concat=True``) or averaged.  Self-loops are
+    replaced by one per node when ``add_self_loops``.  ``dropout`` drops
+    attention coefficients in training.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
+                 negative_slope: float = 0.2, add_self_loops: bool = True, bias: bool = True,
+                 dropout: float = 0.0, cached: bool = False):
+        super().__init__(cached)
+        _check_positive("GATConv", in_channels=in_channels, out_channels=out_channels, heads=heads)
+        self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
+        self.concat, self.negative_slope = concat, negative_slope
+        self.add_self_loops, self.dropout = add_self_loops, dropout
+        self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
+        self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
+        self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
+        width = heads * out_channels if concat else out_channels
+        self.bias = nn.Parameter(torch.empty(width)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        _glorot(self.lin.weight)
+        _glorot_flat(self.att_src)
+        _glorot_flat(self.att_dst)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+        self._cache.clear()
+
+    def forward(self, x: torch.Tensor, adj) -> torch.Tensor:
+        _check_x(x, self.in_channels, "GATConv")
+        n, H, C = x.shape[0], self.heads, self.out_channels
+        A, row, col, pos = self._adjacency(adj, x, lambda: _gat_pattern(adj, n, self.add_self_loops, x.dtype))
+        h = self.lin(x).view(n, H, C)
+        a_src, a_dst = (h * self.att_src).sum(-1), (h * self.att_dst).sum(-1)   # n x H
+        scores = F.leaky_relu(a_dst[row] + a_src[col], self.negative_slope)     # nnz x H
+        heads = [self._attend(A, pos, scores[:, k], h[:, k]) for k in range(H)]
+        out = torch.cat(heads, 1) if self.concat else torch.stack(heads).mean(0)
+        return out if self.bias is None else out + self.bias
+
+    def _attend(self, A: SparseTensor, pos, e, h):
+        """One head: sparse softmax of the scores ``e`` over each row, times ``h``."""
+        vals = e.contiguous() if pos is None else e.new_zeros(A._values.shape).index_put((pos,), e)
+        alpha = torch.softmax(A.with_values(vals), dim=1)
+        if self.dropout and self.training:
+            alpha = alpha.with_values(F.dropout(alpha.values(), self.dropout, training=True))
+        return alpha @ h.contiguous()
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, heads={self.heads}, concat={self.concat}"
