@@ -278,3 +278,14 @@ def test_in_place_ops_update_stored_values_or_refuse(x):
     with pytest.raises(NotImplementedError, match="in place"):
         torch.cumsum(A, 0, out=A)  # a non-pointwise write into a SparseTensor
     assert torch.equal(A.to_dense(), 2 * x)
+
+
+def test_torch_sparse_vocabulary(x):
+    A = scorch.as_sparse(x, "csr")
+    assert A.coalesce() is A and A.is_coalesced()
+    assert torch.equal(A.indices(), x.to_sparse().indices())
+    s = torch.sparse.sum(A, 1)
+    assert scorch.is_sparse(s) and torch.equal(s.to_dense(), x.sum(1))
+    assert torch.sparse.sum(A).item() == pytest.approx(x.sum().item(), rel=1e-6)
+    with pytest.raises(TypeError, match="to_dense\\(\\).numpy\\(\\)"):
+        A.numpy()

@@ -117,6 +117,8 @@ implements(torch.Tensor.to)(SparseTensor.to)
 implements(torch.Tensor.copy_)(SparseTensor.copy_)
 implements(torch.Tensor.to_dense)(SparseTensor.to_dense)
 implements(torch.Tensor.values)(SparseTensor.values)
+implements(torch.Tensor.coalesce)(SparseTensor.coalesce)
+implements(torch.Tensor.indices, torch.Tensor._indices)(SparseTensor.indices)
 
 
 # aten ops that torch itself issues on our wrapper (autograd, nn.Module, copy)

@@ -176,6 +176,21 @@ class SparseTensor(torch.Tensor):
         from .interop import to_scipy
         return to_scipy(self)
 
+    # torch.sparse COO vocabulary: a SparseTensor is always coalesced (sorted, no duplicates).
+    def coalesce(self) -> "SparseTensor":
+        return self
+
+    def is_coalesced(self) -> bool:
+        return True
+
+    def indices(self) -> torch.Tensor:
+        """``ndim x nnz`` int64 coordinates of the stored entries (as torch's COO ``indices()``)."""
+        return self.coo()[0]
+
+    def numpy(self, *, force: bool = False):
+        raise ScorchTypeError("numpy(): a SparseTensor has no dense buffer; use x.to_dense().numpy() "
+                              "or x.to_scipy()")
+
     # ------------------------------------------------------------ dtype / copies
     def to(self, *args, **kwargs) -> "SparseTensor":
         device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)

@@ -73,6 +73,18 @@ def sum_(x, dim=None, keepdim=False, *, dtype=None):
     return out if dtype is None else out.to(dtype)
 
 
+@implements(torch.sparse.sum, torch._sparse_sum)
+def sparse_sum(x, dim=None, dtype=None):
+    """``torch.sparse.sum``: a dense 0-d tensor over all dims, else a sparse result (as torch's)."""
+    if isinstance(dim, torch.dtype):  # torch._sparse_sum(x, dtype) overload
+        dim, dtype = None, dim
+    out = sum_(x, dim, dtype=dtype)
+    if dim is None:
+        return out
+    from ..interop import as_sparse
+    return as_sparse(out, "coo") if out.dim() else out
+
+
 @implements(torch.mean, torch.Tensor.mean)
 def mean(x, dim=None, keepdim=False, *, dtype=None):
     if not (x.dtype.is_floating_point or dtype is not None):
