@@ -289,3 +289,15 @@ def test_torch_sparse_vocabulary(x):
     assert torch.sparse.sum(A).item() == pytest.approx(x.sum().item(), rel=1e-6)
     with pytest.raises(TypeError, match="to_dense\\(\\).numpy\\(\\)"):
         A.numpy()
+
+
+def test_from_levels_validates():
+    A = SparseTensor.from_levels("csr", (2, 3), [None, torch.tensor([0, 1, 2])], [None, torch.tensor([2, 0])],
+                                 torch.tensor([1., 2.]))
+    assert torch.equal(A.to_dense(), torch.tensor([[0., 0, 1], [2, 0, 0]]))
+    with pytest.raises(ValueError, match="coordinates must lie in"):
+        SparseTensor.from_levels("csr", (2, 3), [None, torch.tensor([0, 1, 2])], [None, torch.tensor([5, 0])],
+                                 torch.tensor([1., 2.]))
+    with pytest.raises(ValueError, match="values must be 1-d with 2 entries"):
+        SparseTensor.from_levels("csr", (2, 3), [None, torch.tensor([0, 1, 2])], [None, torch.tensor([2, 0])],
+                                 torch.tensor([1.]))

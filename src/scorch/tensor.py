@@ -27,8 +27,10 @@ _VERSION = 1  # of the pickled form
 
 
 class SparseTensor(torch.Tensor):
-    """A sparse tensor in any level format.  Build one with :func:`scorch.as_sparse`
-    or :func:`scorch.sparse_coo`.
+    """A sparse tensor in any level format.  Build one with :func:`scorch.as_sparse`,
+    :func:`scorch.sparse_coo` or :meth:`SparseTensor.from_levels` (all validate their
+    input); the raw constructor is internal and trusts its arrays.  Mutating the index
+    arrays of an existing tensor in place is not supported (kernels read them unchecked).
 
     ``values()`` is the stored values array, one entry per position of the
     innermost level: for BSR that includes the zeros inside stored blocks, for
@@ -49,6 +51,24 @@ class SparseTensor(torch.Tensor):
         self._shape = tuple(shape)  # plain tuple: internal code reads it without a torch-function hop
         self._set_storage(tuple(pos), tuple(crd), values, nnz)
         return self
+
+    @classmethod
+    def from_levels(cls, format, shape, pos, crd, values) -> "SparseTensor":
+        """A SparseTensor from level storage, validated: ``pos`` / ``crd`` give one entry per
+        level (None where the level kind has no such array), ``values`` one per position of
+        the innermost level.
+
+        >>> import torch, scorch
+        >>> A = scorch.SparseTensor.from_levels("csr", (2, 3), [None, torch.tensor([0, 1, 2])],
+        ...                                     [None, torch.tensor([2, 0])], torch.tensor([1., 2.]))
+        >>> A.to_dense().tolist()
+        [[0.0, 0.0, 1.0], [2.0, 0.0, 0.0]]
+        """
+        from .interop import validate_storage
+        fmt = resolve(format, len(tuple(shape)))
+        pos, crd = tuple(pos), tuple(crd)
+        validate_storage(fmt, shape, pos, crd, values, arg="from_levels")
+        return cls(fmt, shape, pos, crd, values)
 
     def _set_storage(self, pos, crd, values, nnz=None):
         # Contiguous storage is an invariant: kernels take raw pointers to these arrays.
