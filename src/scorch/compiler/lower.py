@@ -53,6 +53,13 @@ class _Lowerer:
         self.ws = ws if (ws and phase == "compute" and ws[0] in static) else ()
         self.assign_once = bool(self.ws) and s.parallel != "buffers" and all(
             self._dense_output_loop(v) for v in s.loop_order[:self.ws[1] + 1])
+        # A register accumulator under dense output loops writes each output element once
+        # (SpMV's y[i] = acc): assign instead of add, and the output needs no zero-fill.
+        order, out = s.loop_order, self.ein.output
+        last_out = max((d for d, v in enumerate(order) if v.split("_")[0] in out), default=-1)
+        self.acc_once = (phase == "compute" and s.output[0] == "dense" and s.parallel != "buffers"
+                         and not s.row_workspace and 0 <= last_out < len(order) - 1 and last_out + 1 == len(out)
+                         and all(self._dense_output_loop(v) for v in order[:last_out + 1]))
         self.lanes = 16 if vtype == "float" else 8  # 64-byte vectors
         self.vec = bool(self.ws) and self._vectorisable(self.ws[0])
         # Long rows are tiled: 4 vectors of the row at a time, the whole loop nest per tile, so
@@ -162,7 +169,7 @@ class _Lowerer:
             body = [If(_C("tid").eq(Const(0)), Block(tuple(body)))]
         name = {"count": "kernel_count", "fill": "kernel_fill"}.get(self.phase, "kernel")
         return Kernel(name, self.params, Block((Parallel(Block(tuple(self.prelude()) + tuple(body)),
-                                                         _C("nthreads")),)), self.assign_once,
+                                                         _C("nthreads")),)), self.assign_once or self.acc_once,
                       uses_workspace=self.phase in ("count", "fill") and not self.in_order)
 
     def prelude(self):
@@ -448,7 +455,7 @@ class _Lowerer:
         if self.acc_depth != depth:
             return []
         self.acc_depth = None
-        return [Assign(self.target(st), _C("acc"), "+=")]
+        return [Assign(self.target(st), _C("acc"), "=" if self.acc_once else "+=")]
 
     def leaf(self, expr, st):
         val = self.value(expr, st)
