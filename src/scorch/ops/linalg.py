@@ -88,7 +88,13 @@ def linear(input, weight, bias=None):
         raise ScorchValueError(f"linear: weight must be 2-d (out_features, in_features), got {weight.dim()}-d")
     if input.dim() == 0:
         raise ScorchValueError("linear: input must have at least 1 dim, got 0-d")
-    out = einsum("...i,oi->...o", input, weight)
+    if isinstance(weight, SparseTensor) and not is_sparse(input) and input.dim() >= 2:
+        # (W @ x^T)^T: an SpMM whose dense row (the batch) is contiguous and vectorises,
+        # instead of one sparse dot product per (row, output) pair.
+        flat = input.reshape(-1, input.shape[-1])
+        out = einsum("oi,ib->ob", weight, flat.t().contiguous()).t().reshape(*input.shape[:-1], weight.shape[0])
+    else:
+        out = einsum("...i,oi->...o", input, weight)
     if isinstance(out, torch.Tensor) and is_sparse(out) and bias is not None:
         out = out.to_dense()
     return out if bias is None else out + bias
