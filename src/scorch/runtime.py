@@ -118,8 +118,10 @@ def dense_threshold() -> float:
     return value
 
 
-def decide(ops, dense_result: bool) -> Decision:
-    """Sparse or dense execution for one call (``ops``: the operands as given)."""
+def decide(ops, dense_result) -> Decision:
+    """Sparse or dense execution for one call (``ops``: the operands as given;
+    ``dense_result``: whether the sparse plan's result is dense, a bool or a callable
+    asked only when the answer matters -- it may need a plan)."""
     mode = config.dispatch
     if mode not in ("auto", "sparse", "dense"):
         raise ScorchValueError(f"scorch.config.dispatch must be 'auto', 'sparse' or 'dense', got {mode!r}")
@@ -128,11 +130,11 @@ def decide(ops, dense_result: bool) -> Decision:
         return Decision("dense", "no sparse operand")
     if mode != "auto":
         return Decision(mode, f"scorch.config.dispatch = {mode!r}")
-    if not dense_result:
-        return Decision("sparse", "the result is sparse (it keeps or builds a pattern)")
     density = max(x.density for x in sparse)
     if density < 0.01:
         return Decision("sparse", f"density {density:.3g} < 0.01")
+    if not (dense_result() if callable(dense_result) else dense_result):
+        return Decision("sparse", "the result is sparse (it keeps or builds a pattern)")
     t = dense_threshold()
     if density >= t:
         return Decision("dense", f"density {density:.3g} >= {t:.3g}, where dense BLAS wins on this machine")

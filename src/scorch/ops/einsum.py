@@ -48,30 +48,27 @@ def einsum(equation: str, *operands, format=None):
 def decision(equation: str, operands, format=None) -> runtime.Decision:
     """Which path ``einsum(equation, *operands)`` takes, and why."""
     ops = driver._operands(operands)
-    sparse = [x for x in ops if isinstance(x, SparseTensor)]
-    if sparse and config.dispatch == "auto" and max(x.density for x in sparse) < 0.01:
-        return runtime.Decision("sparse", f"density {max(x.density for x in sparse):.3g} < 0.01")
-    dense_result = bool(sparse) and format in (None, "dense") and \
-        driver._plan(equation, ops, format)[0].schedule.output[0] == "dense"
-    return runtime.decide(ops, dense_result)
+    return runtime.decide(ops, lambda: _dense_result(equation, ops, format))
 
 
 _DENSE_RESULT: dict = {}  # operand signature -> does the sparse plan give a dense result
 
 
+def _dense_result(equation, ops, format) -> bool:
+    """Whether the sparse plan's result is dense (cached per operand signature: it needs a plan)."""
+    key = driver._signature(equation, format, ops)
+    found = _DENSE_RESULT.get(key) if key is not None else None
+    if found is None:
+        found = format in (None, "dense") and driver._plan(equation, ops, format)[0].schedule.output[0] == "dense"
+        if key is not None:
+            _DENSE_RESULT[key] = found
+    return found
+
+
 def _dense_path(equation, operands, format) -> bool:
     if config.dispatch == "sparse" or not any(isinstance(x, SparseTensor) for x in operands):
-        return False
-    if config.dispatch == "auto" and max(x.density for x in operands if isinstance(x, SparseTensor)) < 0.01:
-        return False  # the common case decides without planning
-    key = driver._signature(equation, format, operands)
-    dense_result = _DENSE_RESULT.get(key) if key is not None else None
-    if dense_result is None:
-        ops = driver._operands(operands)
-        dense_result = format in (None, "dense") and driver._plan(equation, ops, format)[0].schedule.output[0] == "dense"
-        if key is not None:
-            _DENSE_RESULT[key] = dense_result
-    return runtime.decide(operands, dense_result).path == "dense"
+        return False  # the common cases decide without looking further
+    return decision(equation, operands, format).path == "dense"
 
 
 def explain(equation: str, *operands, format=None):
@@ -102,10 +99,8 @@ class _Einsum(torch.autograd.Function):
         if any(len(set(t)) != len(t) for t in ein.inputs):
             raise NotSupportedError(f"einsum {ctx.equation!r}: the gradient of a repeated index (a diagonal) "
                                     "is not supported yet")
-        grads = [None, None]
-        for k, x in enumerate(ops):
-            grads.append(_grad_of(ein, ops, k, grad) if ctx.needs_input_grad[k + 2] else None)
-        return tuple(grads)
+        return (None, None) + tuple(_grad_of(ein, ops, k, grad) if ctx.needs_input_grad[k + 2] else None
+                                    for k in range(len(ops)))
 
 
 def _grad_of(ein, ops, k, grad):
