@@ -29,3 +29,6 @@ def _sparse_kernels_always(monkeypatch):
     calibration) unless a test asks for it (tests/test_runtime.py)."""
     import scorch
     monkeypatch.setattr(scorch.config, "dispatch", "sparse")
+    # test problems are small: without this they would all run single-threaded and the
+    # kernels' thread partitioning would go untested (tests/test_compiler.py checks one thread)
+    monkeypatch.setattr(scorch.config, "parallel_min_work", 0)

@@ -101,6 +101,23 @@ def test_spmm_row_workspace_widths(k, dtype, fmt):
 
 
 @needs_cc
+@pytest.mark.parametrize("eq,shapes", [("ij,jk->ik", [(40, 30), (30, 16)]), ("ij,j->i", [(40, 30), (30,)]),
+                                       ("ij,ik,jk->ij", [(40, 30), (40, 8), (30, 8)]), ("ij,i->j", [(40, 30), (40,)])])
+def test_small_problems_run_on_one_thread(monkeypatch, eq, shapes):
+    """Below config.parallel_min_work a kernel gets one thread (no OpenMP wake-up); same results."""
+    from scorch.compiler import driver
+    A = scorch.as_sparse(rnd(*shapes[0]), "csr")
+    ops = [A] + [rnd(*s, density=1, seed=k) for k, s in enumerate(shapes[1:])]
+    seen = []
+    monkeypatch.setattr(driver, "threads_for", lambda work, f=driver.threads_for: seen.append(f(work)) or seen[-1])
+    for min_work in (10**9, 0):
+        monkeypatch.setattr(scorch.config, "parallel_min_work", min_work)
+        check(eq, *ops)  # the general path, then the cached-call path
+        check(eq, *ops)
+    assert set(seen[:len(seen) // 2]) == {1} and set(seen[len(seen) // 2:]) == {build.num_threads()}
+
+
+@needs_cc
 def test_sddmm_keeps_the_pattern():
     A = scorch.as_sparse(rnd(7, 8), "csr")
     out = scorch.einsum("ij,ik,jk->ij", A, rnd(7, 3, density=1), rnd(8, 3, density=1))

@@ -17,11 +17,18 @@ dense_threshold
 auto_sparsify
     False (default); True runs 2-d dense operands that are mostly zeros (after a
     ReLU, say) through the sparse kernels.
+
+parallel_min_work
+    Kernels whose loop nest does fewer inner iterations than this (stored
+    entries times the sizes of the dense loops around them) run on one thread:
+    waking a sleeping OpenMP thread costs tens of microseconds. 0 always uses
+    ``torch.get_num_threads()`` threads.
 """
 
 dense_fallback = "warn"
 dispatch = "auto"
 dense_threshold = None
 auto_sparsify = False
+parallel_min_work = 16384
 
 _FALLBACK_CHOICES = ("warn", "silent", "raise")

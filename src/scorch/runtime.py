@@ -32,6 +32,7 @@ from .errors import ScorchValueError
 from .tensor import SparseTensor
 
 _CAL_VERSION = 1
+SURELY_SPARSE = 0.01  # below this density the sparse kernels run without asking the calibration
 _memo: dict = {}
 
 
@@ -131,8 +132,8 @@ def decide(ops, dense_result) -> Decision:
     if mode != "auto":
         return Decision(mode, f"scorch.config.dispatch = {mode!r}")
     density = max(x.density for x in sparse)
-    if density < 0.01:
-        return Decision("sparse", f"density {density:.3g} < 0.01")
+    if density < SURELY_SPARSE:
+        return Decision("sparse", f"density {density:.3g} < {SURELY_SPARSE}")
     if not (dense_result() if callable(dense_result) else dense_result):
         return Decision("sparse", "the result is sparse (it keeps or builds a pattern)")
     t = dense_threshold()

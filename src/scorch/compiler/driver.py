@@ -11,11 +11,13 @@ serves every shape.
 from __future__ import annotations
 
 import ctypes
+import math
 import warnings
 from dataclasses import dataclass, field
 
 import torch
 
+from .. import config
 from ..errors import NotSupportedError, ScorchTypeError
 from ..format import bsc_format, bsr_format, preset
 from ..interop import as_sparse, is_sparse
@@ -93,8 +95,9 @@ def _operands(operands):
             out.append(as_sparse(x, fmt, index_dtype=width))
         else:
             raise ScorchTypeError(f"einsum: operand {k} must be a tensor, got {type(x).__name__}")
-        if out[-1].device.type != "cpu":
-            raise NotSupportedError(f"einsum: operand {k} is on {out[-1].device}; scorch kernels run on the CPU")
+        x = out[-1]
+        if (x._values if type(x) is SparseTensor else x).device.type != "cpu":
+            raise NotSupportedError(f"einsum: operand {k} is on {x.device}; scorch kernels run on the CPU")
     return out
 
 
@@ -253,12 +256,13 @@ class _Bound:
     pointers: list           # (slot, operand, kind, level) to fill per call
     out_slot: int
     out_shape: tuple
-    copies: int
+    buffers: bool            # one output buffer per thread, summed after the call
     cdtype: torch.dtype
     out_dtype: torch.dtype
     pattern: int | None
     format: object
     alloc: object = torch.zeros
+    work: tuple = ()         # (operand, factor): the call's work is max(nnz * factor)
 
     @staticmethod
     def make(equation, ops, format):
@@ -293,17 +297,19 @@ class _Bound:
             else:
                 template.append(0)
                 pointers.append((slot, p.role[1], kind, p.role[2] if len(p.role) > 2 else None, None))
-        copies = build.num_threads() if sched.output[0] == "dense" and sched.parallel == "buffers" else 1
+        buffers = sched.output[0] == "dense" and sched.parallel == "buffers"
         return _Bound(plan, plan.function(kernel.name), template, pointers, out_slot,
-                      tuple(size[c] for c in ein.output), copies, cdtype, out_dtype,
+                      tuple(size[c] for c in ein.output), buffers, cdtype, out_dtype,
                       sched.output[1] if sched.output[0] == "pattern" else None, format,
-                      torch.empty if kernel.writes_every_output else torch.zeros)
+                      torch.empty if kernel.writes_every_output else torch.zeros, _work_factors(ein, ops2))
 
     def __call__(self, ops):
         args = list(self.template)
+        nthreads = threads_for(max(ops[k]._nnz * f for k, f in self.work) if self.work else 0)
+        copies = nthreads if self.buffers else 1
         for slot, t, kind, k, extra in self.pointers:
             if kind == "nthreads":
-                args[slot] = self.copies if self.copies > 1 else torch.get_num_threads()
+                args[slot] = nthreads
                 continue
             x = ops[t]
             if kind == "pos":
@@ -317,10 +323,10 @@ class _Bound:
             else:  # slots of a padded level
                 args[slot] = x._crd[k].numel() // extra if extra else 0
         if self.pattern is None:
-            out = self.alloc((self.copies,) + self.out_shape, dtype=self.cdtype)
+            out = self.alloc((copies,) + self.out_shape if copies > 1 else self.out_shape, dtype=self.cdtype)
             args[self.out_slot] = out.data_ptr()
             self.fn(*args)
-            result = out.sum(0) if self.copies > 1 else out[0]
+            result = out.sum(0) if copies > 1 else out
         else:
             src = ops[self.pattern]
             out = torch.zeros(src._values.numel(), dtype=self.cdtype)
@@ -420,12 +426,31 @@ def _call(plan, kernel, ops, size, cdtype, extra):
     plan.function(kernel.name)(*args)
 
 
+def _work_factors(ein: Einsum, ops) -> tuple:
+    """``(k, factor)`` per sparse operand ``k``: the product of the sizes of the loop indices it
+    does not carry, so that ``nnz_k * factor`` estimates the loop nest's inner iterations."""
+    size = ein.size
+    out = []
+    for k, (t, x) in enumerate(zip(ein.inputs, ops)):
+        if isinstance(x, SparseTensor):
+            out.append((k, math.prod(size[c] for c in size if c not in t)))
+    return tuple(out)
+
+
+def threads_for(work: int) -> int:
+    """Threads for a kernel whose loop nest does about ``work`` inner iterations: one below
+    ``config.parallel_min_work`` (waking a sleeping OpenMP thread costs more than it saves on
+    small problems), else ``torch.get_num_threads()``."""
+    return 1 if work < config.parallel_min_work else max(1, build.num_threads())
+
+
 def _run(plan: Plan, ein: Einsum, ops, cdtype):
     sched = plan.schedule
     ops = _prepare(sched, ops)
     size = ein.size
-    nthreads = max(1, build.num_threads())
     out_shape = tuple(size[c] for c in ein.output)
+    work = [x._nnz * f for (k, f), x in zip(_work_factors(ein, ops), (x for x in ops if isinstance(x, SparseTensor)))]
+    nthreads = threads_for(max(work) if work else 0)
     if sched.output[0] == "dense":
         copies = nthreads if sched.parallel == "buffers" else 1
         alloc = torch.empty if plan.kernels[0].writes_every_output else torch.zeros

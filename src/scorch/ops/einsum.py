@@ -39,10 +39,17 @@ def einsum(equation: str, *operands, format=None):
     if _dense_path(equation, operands, format):
         dense = [x.to_dense() if isinstance(x, SparseTensor) else x for x in driver._operands(operands)]
         return torch.einsum(equation, *dense)
-    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in operands):
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and _requires_grad(x) for x in operands):
         ops = driver._operands(operands)
         return _Einsum.apply(equation, format, *ops)
     return driver.einsum(equation, *operands, format=format)
+
+
+def _requires_grad(x: torch.Tensor) -> bool:
+    if type(x) is torch.Tensor:
+        return x.requires_grad
+    with torch._C.DisableTorchFunctionSubclass():  # no __torch_function__ round trip (hot path)
+        return x.requires_grad
 
 
 def decision(equation: str, operands, format=None) -> runtime.Decision:
@@ -68,6 +75,10 @@ def _dense_result(equation, ops, format) -> bool:
 def _dense_path(equation, operands, format) -> bool:
     if config.dispatch == "sparse" or not any(isinstance(x, SparseTensor) for x in operands):
         return False  # the common cases decide without looking further
+    if config.dispatch == "auto" and all(
+            (type(x) is SparseTensor and x.density < runtime.SURELY_SPARSE)
+            or (type(x) is torch.Tensor and x.layout == torch.strided) for x in operands):
+        return False  # what runtime.decide answers first, without building its explanation (hot path)
     return decision(equation, operands, format).path == "dense"
 
 
