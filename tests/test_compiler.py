@@ -118,6 +118,19 @@ def test_small_problems_run_on_one_thread(monkeypatch, eq, shapes):
 
 
 @needs_cc
+@pytest.mark.parametrize("k", [16, 48])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sddmm_reduces_four_nonzeros_at_once(k, dtype):
+    """Rows of 0..9 stored entries: whole steps of four nonzeros and the one-at-a-time rest."""
+    dense = torch.zeros(10, 12, dtype=dtype)
+    for i in range(10):
+        dense[i, :i] = torch.randn(i, dtype=dtype)
+    A = scorch.as_sparse(dense, "csr")
+    plan = check("ij,ik,jk->ij", A, rnd(10, k, density=1, dtype=dtype), rnd(12, k, density=1, seed=1, dtype=dtype))
+    assert "scorch_hsum4_" in plan.source
+
+
+@needs_cc
 def test_sddmm_keeps_the_pattern():
     A = scorch.as_sparse(rnd(7, 8), "csr")
     out = scorch.einsum("ij,ik,jk->ij", A, rnd(7, 3, density=1), rnd(8, 3, density=1))

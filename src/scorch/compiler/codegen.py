@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .ir import (Addr, Assign, Bin, Block, Break, Call, Cast, Const, Decl, Eval, For, Forever, If, Kernel, Load,
-                 Parallel, Var, Vec, VecZero)
+                 Parallel, Scope, Var, Vec, VecZero)
 
 PRELUDE = """\
 #include <stdint.h>
@@ -41,6 +41,44 @@ static inline double scorch_hsum_double(scorch_vec_double v) {
   v2 c, d; __builtin_memcpy(&c, &a, 16); __builtin_memcpy(&d, (char *)&a + 16, 16); c += d;
   return c[0] + c[1];
 }
+
+/* Four horizontal sums at once: s[u] = sum of the lanes of p<u>.  Halving the four vectors
+   together (shuffles pair them up) costs about as much as one scorch_hsum. */
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define SCORCH_SHUF __builtin_shufflevector
+static inline void scorch_hsum4_float(scorch_vec_float p0, scorch_vec_float p1, scorch_vec_float p2,
+                                      scorch_vec_float p3, float *s) {
+  scorch_vec_float a = SCORCH_SHUF(p0, p1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+                     + SCORCH_SHUF(p0, p1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  scorch_vec_float b = SCORCH_SHUF(p2, p3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+                     + SCORCH_SHUF(p2, p3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  scorch_vec_float c = SCORCH_SHUF(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
+                     + SCORCH_SHUF(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  scorch_vec_float d = SCORCH_SHUF(c, c, 0, 1, 4, 5, 8, 9, 12, 13, 0, 1, 4, 5, 8, 9, 12, 13)
+                     + SCORCH_SHUF(c, c, 2, 3, 6, 7, 10, 11, 14, 15, 2, 3, 6, 7, 10, 11, 14, 15);
+  scorch_vec_float e = SCORCH_SHUF(d, d, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6)
+                     + SCORCH_SHUF(d, d, 1, 3, 5, 7, 1, 3, 5, 7, 1, 3, 5, 7, 1, 3, 5, 7);
+  s[0] = e[0]; s[1] = e[1]; s[2] = e[2]; s[3] = e[3];
+}
+static inline void scorch_hsum4_double(scorch_vec_double p0, scorch_vec_double p1, scorch_vec_double p2,
+                                       scorch_vec_double p3, double *s) {
+  scorch_vec_double a = SCORCH_SHUF(p0, p1, 0, 1, 2, 3, 8, 9, 10, 11) + SCORCH_SHUF(p0, p1, 4, 5, 6, 7, 12, 13, 14, 15);
+  scorch_vec_double b = SCORCH_SHUF(p2, p3, 0, 1, 2, 3, 8, 9, 10, 11) + SCORCH_SHUF(p2, p3, 4, 5, 6, 7, 12, 13, 14, 15);
+  scorch_vec_double c = SCORCH_SHUF(a, b, 0, 1, 4, 5, 8, 9, 12, 13) + SCORCH_SHUF(a, b, 2, 3, 6, 7, 10, 11, 14, 15);
+  scorch_vec_double d = SCORCH_SHUF(c, c, 0, 2, 4, 6, 0, 2, 4, 6) + SCORCH_SHUF(c, c, 1, 3, 5, 7, 1, 3, 5, 7);
+  s[0] = d[0]; s[1] = d[1]; s[2] = d[2]; s[3] = d[3];
+}
+#else
+static inline void scorch_hsum4_float(scorch_vec_float p0, scorch_vec_float p1, scorch_vec_float p2,
+                                      scorch_vec_float p3, float *s) {
+  s[0] = scorch_hsum_float(p0); s[1] = scorch_hsum_float(p1); s[2] = scorch_hsum_float(p2); s[3] = scorch_hsum_float(p3);
+}
+static inline void scorch_hsum4_double(scorch_vec_double p0, scorch_vec_double p1, scorch_vec_double p2,
+                                       scorch_vec_double p3, double *s) {
+  s[0] = scorch_hsum_double(p0); s[1] = scorch_hsum_double(p1); s[2] = scorch_hsum_double(p2);
+  s[3] = scorch_hsum_double(p3);
+}
+#endif
 
 /* Sort a[0..n) ascending (insertion sort for short rows, heap sort otherwise); returns n. */
 static inline int64_t scorch_sort(int64_t *a, int64_t n) {
@@ -112,6 +150,8 @@ def stmt(s, ind: str) -> list[str]:
             out.append(f"{ind}#pragma omp simd" + (f" reduction(+:{s.reduction})" if s.reduction else ""))
         out.append(f"{ind}for (int64_t {s.var} = {expr(s.lo)}; {s.var} < {expr(s.hi)}; {s.var}++) {{")
         return out + stmt(s.body, ind + "  ") + [f"{ind}}}"]
+    if isinstance(s, Scope):
+        return [f"{ind}{{"] + stmt(s.body, ind + "  ") + [f"{ind}}}"]
     if isinstance(s, Forever):
         return [f"{ind}for (;;) {{"] + stmt(s.body, ind + "  ") + [f"{ind}}}"]
     if isinstance(s, If):

@@ -170,6 +170,15 @@ class For(Stmt):
 
 
 @dataclass(frozen=True)
+class Scope(Stmt):
+    """A braced block: its declarations stay inside (a loop body repeated per unrolled lane)."""
+    body: Block
+
+    def __str__(self):
+        return "scope:\n" + _indent(str(self.body))
+
+
+@dataclass(frozen=True)
 class Forever(Stmt):
     """``for (;;) body``: left only by a ``Break``."""
     body: Block

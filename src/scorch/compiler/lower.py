@@ -26,7 +26,7 @@ Only level capabilities (``kind``) are consulted, never format names.
 from __future__ import annotations
 
 from .ir import (Addr, Assign, Bin, Block, Break, Call, Cast, Const, Decl, Eval, For, Forever, If, Kernel, Param,
-                 Parallel, Var, Vec, VecZero)
+                 Parallel, Scope, Var, Vec, VecZero)
 from .lattice import lattice, needs_every_coordinate
 from .notation import Access, Neg, Op, Zero, accesses
 from .schedule import Schedule
@@ -203,11 +203,14 @@ class _Lowerer:
         if not iters and self.vec and v == self.ws[0]:
             return [Assign(_C(f"w{m}"), self.vec_value(points[0].expr, st, m, v), "+=") for m in range(self.nvec)]
         if not iters and self.vec_reduce and depth == len(s.loop_order) - 1 and self.acc_depth is not None:
-            parts = [self.vec_value(points[0].expr, st, m, v) for m in range(self.static[v] // self.lanes)]
+            # factors already loaded (scalars for this loop: SDDMM's A[i,j]) multiply the sum once
+            scalars, vector = _split_product(points[0].expr, st.loaded)
+            parts = [self.vec_value(vector, st, m, v) for m in range(self.static[v] // self.lanes)]
             total = parts[0]
             for p in parts[1:]:
                 total = total + p
-            return [Assign(_C("acc"), Call(f"scorch_hsum_{self.vtype}", (total,)), "+=")]
+            hsum = Call(f"scorch_hsum_{self.vtype}", (total,))
+            return [Assign(_C("acc"), hsum if scalars is None else self.value(scalars, st) * hsum, "+=")]
         if not iters:
             body = Block(tuple(self.body(depth, v, points[0], st, iters)))
             innermost = depth == len(s.loop_order) - 1 and self.phase == "compute"
@@ -315,12 +318,43 @@ class _Lowerer:
             # vectorise it (gathers), the reduction made explicit.
             innermost = depth == len(self.s.loop_order) - 1 and self.phase == "compute"
             red = "acc" if innermost and self.acc_depth is not None and not binds[:-1] else None
-            return [For(it, Cast("int64_t", pos[parent]), end, body, simd=red is not None, reduction=red)]
+            lo = Cast("int64_t", pos[parent])
+            return [self.batched_reduction(it, lo, end, body)
+                    or For(it, lo, end, body, simd=red is not None, reduction=red)]
         if kind == "singleton":
             return [Block(tuple(self.body(depth, v, point, st, {t}, [Decl("int64_t", it, parent), coord])))]
         slot, slots = f"sl{t}_{k}", _C(f"slots{t}_{k}")
         binds = [Decl("int64_t", it, parent * slots + _C(slot)), coord, If(_C(v).lt(0), Block((Break(),)))]
         return [For(slot, Const(0), slots, Block(tuple(self.body(depth, v, point, st, {t}, binds))))]
+
+    def batched_reduction(self, it, lo, end, body: Block):
+        """SDDMM's walk: each nonzero ends in one vector reduction (``acc += hsum(total)``,
+        then ``out[q] = acc``).  Four nonzeros per step instead, their four vectors reduced
+        together (``scorch_hsum4``): the horizontal adds are the loop's bottleneck otherwise.
+        The last ``nnz % 4`` go one at a time.  None when ``body`` does not have that shape."""
+        *head, acc, red, store = body.body if len(body.body) >= 3 else (None, None, None)
+        if not (self.vec_reduce and isinstance(acc, Decl) and acc.name == "acc" and isinstance(red, Assign)
+                and red.op == "+=" and isinstance(store, Assign) and store.value == _C("acc")):
+            return None
+        scale, hsum = (red.value.a, red.value.b) if isinstance(red.value, Bin) and red.value.op == "*" \
+            else (None, red.value)
+        if not (isinstance(hsum, Call) and hsum.fn.startswith("scorch_hsum_")):
+            return None
+        vt, q = self.vtype, _C("qb")
+        step = [Decl("const int64_t", "qb", lo + _C("blk") * Const(4))]
+        step += [Decl(f"scorch_vec_{vt}", f"t{u}") for u in range(4)]
+        if scale is not None:
+            step.append(Decl(vt, "c[4]"))
+        for u in range(4):
+            sets = (Assign(_C(f"t{u}"), hsum.args[0]),) + ((Assign(_C("c")[Const(u)], scale),) if scale else ())
+            step.append(Scope(Block((Decl("const int64_t", it, q + Const(u)), *head, *sets))))
+        step += [Decl(vt, "s[4]"), Eval(Call(f"scorch_hsum4_{vt}", tuple(_C(f"t{u}") for u in range(4)) + (_C("s"),)))]
+        for u in range(4):
+            value = _C("s")[Const(u)] if scale is None else _C("c")[Const(u)] * _C("s")[Const(u)]
+            step.append(Scope(Block((Decl("const int64_t", it, q + Const(u)), Assign(store.target, value, store.op)))))
+        blocks = Bin("/", end - lo, Const(4))
+        rest = lo + blocks * Const(4)
+        return Block((For("blk", Const(0), blocks, Block(tuple(step))), For(it, rest, end, body)))
 
     def prefetch(self, v, st, crd, q, end, distance=16):
         """Software prefetch of the dense rows a walked coordinate will gather, ``distance``
@@ -520,6 +554,26 @@ class _Lowerer:
             decls = [Decl("int64_t", "lo_t", lo + Bin("/", n * _C("tid"), _C("nthr"))),
                      Decl("int64_t", "hi_t", lo + Bin("/", n * (_C("tid") + Const(1)), _C("nthr")))]
         return decls + [For(loop.var, _C("lo_t"), _C("hi_t"), loop.body, loop.simd, loop.reduction)]
+
+
+def _split_product(expr, loaded):
+    """``(scalars, rest)`` of a product: the factors that are loaded values (None if none)
+    and the others (``expr`` itself when it is not a product with such factors)."""
+    factors = []
+
+    def flatten(e):
+        if isinstance(e, Op) and e.op == "*":
+            flatten(e.a)
+            flatten(e.b)
+        else:
+            factors.append(e)
+    flatten(expr)
+    scal = [f for f in factors if isinstance(f, Access) and f.operand in loaded]
+    rest = [f for f in factors if not (isinstance(f, Access) and f.operand in loaded)]
+    if not scal or not rest:
+        return None, expr
+    prod = lambda fs: fs[0] if len(fs) == 1 else Op("*", prod(fs[:-1]), fs[-1])  # noqa: E731
+    return prod(scal), prod(rest)
 
 
 def _present(expr) -> set:
