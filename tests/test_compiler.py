@@ -247,3 +247,45 @@ def test_no_compiler_falls_back_to_torch_with_one_warning(monkeypatch):
         torch.testing.assert_close(scorch.einsum("ij,ik,jk->ij", A, rnd(5, 2, density=1), rnd(11, 2, density=1),
                                                  format="dense"),
                                    A.to_dense() * (rnd(5, 2, density=1) @ rnd(11, 2, density=1).t()))
+
+
+# ------------------------------------------------------------------ init operands (fused additions)
+
+@needs_cc
+@pytest.mark.parametrize("eq,shapes,init_shapes,fused", [
+    ("ij,jk->ik", [(12, 9), (9, 16)], [(16,)], True),                 # SpMM + bias: vector row workspace
+    ("ij,jk->ik", [(12, 9), (9, 16)], [(16,), (12, 16)], True),       # + GraphSAGE's root term
+    ("ij,jk->ik", [(12, 9), (9, 5)], [(1, 5)], True),                 # array row workspace
+    ("ij,jk->ik", [(12, 9), (9, 256)], [(256,)], True),               # tiled long rows
+    ("ij,j->i", [(12, 9), (9,)], [(12,)], True),                      # SpMV: scalar accumulator
+    ("ij,i->j", [(12, 9), (12,)], [(9,)], False),                     # scatter: added afterwards
+    ("ij,ik,jk->ij", [(12, 9), (12, 4), (9, 4)], [(12, 9)], False),   # sparse result: added afterwards
+    ("ij,jk->ik", [(12, 9), (9, 16)], [(12, 1)], False),              # not unit-stride along k
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_init_operands_start_the_accumulators(eq, shapes, init_shapes, fused, dtype):
+    from scorch.compiler import driver
+    from scorch.ops.einsum import einsum_add
+    A = scorch.as_sparse(rnd(*shapes[0], dtype=dtype), "csr")
+    ops = [A] + [rnd(*s, density=1, seed=k + 1, dtype=dtype) for k, s in enumerate(shapes[1:])]
+    init = [rnd(*s, density=1, seed=10 + k, dtype=dtype) for k, s in enumerate(init_shapes)]
+    want = torch.einsum(eq, *[dense_of(o) for o in ops]) + sum(init)
+    for _ in range(2):  # general path, then the cached-call path
+        got = einsum_add(eq, ops, init)
+        torch.testing.assert_close(dense_of(got), want, rtol=1e-4 if dtype == torch.float32 else 1e-10,
+                                   atol=1e-4 if dtype == torch.float32 else 1e-10)
+    plan = driver._plan(eq, ops, None, n_init=len(init))[0]
+    readable = driver._fusable_init(init, tuple(want.shape), dtype) is not None
+    assert (plan.kernels[0].fused_init and readable) == fused
+    if fused:
+        assert "init0" in plan.source
+
+
+@needs_cc
+def test_init_operands_gradients_and_errors():
+    from scorch.ops.einsum import einsum_add
+    A = scorch.as_sparse(rnd(6, 5, density=0.5), "csr")
+    H, b, R = (rnd(*s, density=1, seed=k).requires_grad_() for k, s in enumerate([(5, 8), (8,), (6, 8)]))
+    assert torch.autograd.gradcheck(lambda H, b, R: einsum_add("ij,jk->ik", (A, H), (b, R)), (H, b, R))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        einsum_add("ij,jk->ik", (A, H.detach()), (torch.zeros(3),))

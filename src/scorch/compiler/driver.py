@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import config
-from ..errors import NotSupportedError, ScorchTypeError
+from ..errors import NotSupportedError, ScorchTypeError, ScorchValueError
 from ..format import bsc_format, bsr_format, preset
 from ..interop import as_sparse, is_sparse
 from ..tensor import SparseTensor
@@ -130,7 +130,7 @@ def _take_diagonals(terms, ops, equation):
 
 # ------------------------------------------------------------------ planning
 
-def _plan(equation: str, ops, format, expr=None) -> tuple:
+def _plan(equation: str, ops, format, expr=None, n_init: int = 0) -> tuple:
     ein = parse(equation, [tuple(x.shape) for x in ops])
     terms, ops = _take_diagonals(list(ein.inputs), ops, equation)
     if terms != list(ein.inputs):
@@ -157,10 +157,10 @@ def _plan(equation: str, ops, format, expr=None) -> tuple:
     if inner in size and size[inner] <= _MAX_STATIC_ROW and \
             not any(op.sparse and inner in op.level_vars() for op in sched.operands):
         static[inner] = size[inner]
-    pkey = (key, vtype, tuple(static.items()))
+    pkey = (key, vtype, tuple(static.items()), n_init)
     plan = _PLANS.get(pkey)
     if plan is None:
-        plan = _PLANS[pkey] = _make_plan(ein, sched, vtype, static)
+        plan = _PLANS[pkey] = _make_plan(ein, sched, vtype, static, n_init)
     return plan, ein, ops, out_dtype, cdtype
 
 
@@ -168,12 +168,12 @@ _SCHEDULES: dict = {}
 _MAX_STATIC_ROW = 1024  # longest innermost dense loop specialised on its length
 
 
-def _make_plan(ein, sched, vtype, static) -> Plan:
+def _make_plan(ein, sched, vtype, static, n_init=0) -> Plan:
     if sched.output[0] == "assemble":
         kernels = (lower(sched, vtype, "count"), lower(sched, vtype, "fill"))
         out_fmt = f"sparse, {preset('csr', len(ein.output))} assembled through a dense workspace"
     else:
-        kernels = (lower(sched, vtype, static=static),)
+        kernels = (lower(sched, vtype, static=static, n_init=n_init),)
         out_fmt = "dense" if sched.output[0] == "dense" else f"sparse, pattern of operand {sched.output[1]}"
     return Plan(str(ein), sched.loop_order, out_fmt, sched.parallel, sched.notes, codegen.render(*kernels),
                 schedule=sched, kernels=kernels)
@@ -197,7 +197,7 @@ def explain(equation: str, *operands, format=None) -> Plan:
 
 # ------------------------------------------------------------------ running
 
-def einsum(equation: str, *operands, format=None):
+def einsum(equation: str, *operands, format=None, init=()):
     """Einstein summation over dense and sparse operands, compiled to C.
 
     The result is sparse when it is zero wherever the sparse operands are
@@ -205,7 +205,9 @@ def einsum(equation: str, *operands, format=None):
     pattern of the sparse operand when there is one, else assembled (CSR-like).
     A contraction that scatters (``A^T x``) or leaves a dense index free (SpMM)
     gives a plain dense ``torch.Tensor``.  ``format=`` converts the result
-    (``"dense"`` for a dense tensor).
+    (``"dense"`` for a dense tensor).  ``init``: dense tensors broadcastable to the
+    result, added to it (``A @ H + bias``); where the kernel has a register
+    accumulator per output element it starts from them (no extra pass).
 
     >>> import torch, scorch
     >>> A = scorch.as_sparse(torch.eye(3), "csr")
@@ -214,17 +216,44 @@ def einsum(equation: str, *operands, format=None):
     """
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    key = _signature(equation, format, operands)
+    init = tuple(init)
+    key = _signature(equation, format, operands, init)
     bound = _BOUND.get(key) if key is not None else None
     if bound is not None:
-        return bound(operands)
+        return bound(operands, init)
     ops = _operands(operands)
     if not any(isinstance(x, SparseTensor) for x in ops) and format in (None, "dense"):
-        return torch.einsum(equation, *ops)  # all dense: torch's BLAS-backed einsum is the right kernel
-    result = evaluate(equation, ops, format=format)
+        out = torch.einsum(equation, *ops)  # all dense: torch's BLAS-backed einsum is the right kernel
+        return _add_init(out, init)
+    result = evaluate(equation, ops, format=format, init=init)
     if key is not None and len(_BOUND) < 4096 and build.have_compiler():
-        _BOUND[key] = _Bound.make(equation, ops, format)
+        _BOUND[key] = _Bound.make(equation, ops, format, init)
     return result
+
+
+def _add_init(result, init):
+    for t in init:
+        result = result + t
+    return result
+
+
+def _fusable_init(init, out_shape, cdtype):
+    """The init operands as ``cdtype`` views broadcast to ``out_shape``, or None when the kernel
+    cannot read them (not dense CPU tensors, or not unit-stride along the last dim)."""
+    views = []
+    for t in init:
+        if type(t) not in _DENSE_TYPES or t.layout != torch.strided or t.device.type != "cpu" \
+                or not t.dtype.is_floating_point:
+            return None
+        try:
+            v = t.detach().to(cdtype).expand(out_shape)
+        except RuntimeError as e:
+            raise ScorchValueError(f"einsum: init operand of shape {tuple(t.shape)} does not broadcast to the "
+                                   f"result's shape {tuple(out_shape)}") from e
+        if out_shape and out_shape[-1] > 1 and v.stride(-1) != 1:
+            return None
+        views.append(v)
+    return views
 
 
 # ------------------------------------------------------------------ the cached-call fast path
@@ -236,12 +265,15 @@ def einsum(equation: str, *operands, format=None):
 _BOUND: dict = {}
 
 
-def _signature(equation, format, operands):
-    sig = [equation, format, torch.get_num_threads()]
-    for x in operands:
+_DENSE_TYPES = (torch.Tensor, torch.nn.Parameter)  # exact types (a subclass may override torch functions)
+
+
+def _signature(equation, format, operands, init=()):
+    sig = [equation, format, torch.get_num_threads(), len(init)]
+    for x in (*operands, *init):
         if type(x) is SparseTensor:
             sig.append((x._format, x._values.dtype, x._crd_dtype(), x._shape))
-        elif type(x) is torch.Tensor and x.layout == torch.strided and x.device.type == "cpu":
+        elif type(x) in _DENSE_TYPES and x.layout == torch.strided and x.device.type == "cpu":
             sig.append((x.dtype, x.shape, x.stride()))
         else:
             return None
@@ -264,9 +296,19 @@ class _Bound:
     alloc: object = torch.zeros
     work: tuple = ()         # (operand, factor): the call's work is max(nnz * factor)
 
+    init_strides: tuple = ()  # per init operand, its strides broadcast to the output (fused init only)
+
     @staticmethod
-    def make(equation, ops, format):
+    def make(equation, ops, format, init=()):
         plan, ein, ops2, out_dtype, cdtype = _plan(equation, list(ops), format)
+        out_shape = tuple(ein.size[c] for c in ein.output)
+        views = _fusable_init(init, out_shape, cdtype) if init and plan.schedule.output[0] == "dense" else None
+        if init and views is None:
+            return _Slow(equation, format)
+        if views:
+            plan = _plan(equation, list(ops), format, n_init=len(views))[0]
+            if not plan.kernels[0].fused_init or any(v.dtype != t.dtype for v, t in zip(views, init)):
+                return _Slow(equation, format)
         sched = plan.schedule
         ready = all((not isinstance(x, SparseTensor) and y.dtype == cdtype and y.data_ptr() == x.data_ptr())
                     or (isinstance(x, SparseTensor) and spec.sparse and x.format == spec.fmt
@@ -294,6 +336,11 @@ class _Bound:
             elif kind == "nthreads":
                 template.append(0)
                 pointers.append((slot, None, "nthreads", None, None))
+            elif kind == "init":
+                template.append(0)
+                pointers.append((slot, p.role[1], "init", None, None))
+            elif kind == "init_stride":
+                template.append(views[p.role[1]].stride(p.role[2]))
             else:
                 template.append(0)
                 pointers.append((slot, p.role[1], kind, p.role[2] if len(p.role) > 2 else None, None))
@@ -303,7 +350,7 @@ class _Bound:
                       sched.output[1] if sched.output[0] == "pattern" else None, format,
                       torch.empty if kernel.writes_every_output else torch.zeros, _work_factors(ein, ops2))
 
-    def __call__(self, ops):
+    def __call__(self, ops, init=()):
         args = list(self.template)
         nthreads = threads_for(max(ops[k]._nnz * f for k, f in self.work) if self.work else 0)
         copies = nthreads if self.buffers else 1
@@ -320,6 +367,8 @@ class _Bound:
                 args[slot] = x._values.data_ptr()
             elif kind == "data":
                 args[slot] = x.data_ptr()
+            elif kind == "init":
+                args[slot] = init[t].data_ptr()
             else:  # slots of a padded level
                 args[slot] = x._crd[k].numel() // extra if extra else 0
         if self.pattern is None:
@@ -347,19 +396,29 @@ class _Slow:
     equation: str
     format: object
 
-    def __call__(self, operands):
-        return evaluate(self.equation, _operands(operands), format=self.format)
+    def __call__(self, operands, init=()):
+        return evaluate(self.equation, _operands(operands), format=self.format, init=init)
 
 
-def evaluate(equation: str, ops, *, format=None, expr=None):
+def evaluate(equation: str, ops, *, format=None, expr=None, init=()):
     """Run ``equation`` over prepared operands; ``expr`` (index notation over
-    ``Access(k, indices)``) replaces the product of operands when given."""
+    ``Access(k, indices)``) replaces the product of operands when given; ``init``
+    (dense, broadcastable to the result) is added to it, inside the kernel when it can."""
     plan, ein, ops, out_dtype, cdtype = _plan(equation, list(ops), format, expr)
+    views = None
+    if init and plan.schedule.output[0] == "dense" and format in (None, "dense") and build.have_compiler():
+        views = _fusable_init(init, tuple(ein.size[c] for c in ein.output), cdtype)
+        if views:
+            plan = _plan(equation, list(ops), format, expr, n_init=len(views))[0]
+            if not plan.kernels[0].fused_init:
+                views = None
     if not build.have_compiler():
-        return _torch_fallback(ein, ops, out_dtype, format, expr)
-    result = _run(plan, ein, ops, cdtype)
+        return _add_init(_torch_fallback(ein, ops, out_dtype, format, expr), init)
+    result = _run(plan, ein, ops, cdtype, views or ())
     if result.dtype != out_dtype:
         result = result.to(out_dtype)
+    if init and not views:
+        result = _add_init(result, init)
     if format == "dense" and isinstance(result, SparseTensor):
         return result.to_dense()
     if format is not None and format != "dense":
@@ -420,6 +479,10 @@ def _call(plan, kernel, ops, size, cdtype, extra):
             args.append(x.data_ptr())
         elif kind == "stride":
             args.append(ops[p.role[1]].stride(p.role[2]))
+        elif kind == "init":
+            args.append(extra["init"][p.role[1]].data_ptr())
+        elif kind == "init_stride":
+            args.append(extra["init"][p.role[1]].stride(p.role[2]))
         else:
             v = extra[kind]
             args.append(v.data_ptr() if isinstance(v, torch.Tensor) else v)
@@ -444,7 +507,7 @@ def threads_for(work: int) -> int:
     return 1 if work < config.parallel_min_work else max(1, build.num_threads())
 
 
-def _run(plan: Plan, ein: Einsum, ops, cdtype):
+def _run(plan: Plan, ein: Einsum, ops, cdtype, init=()):
     sched = plan.schedule
     ops = _prepare(sched, ops)
     size = ein.size
@@ -455,7 +518,7 @@ def _run(plan: Plan, ein: Einsum, ops, cdtype):
         copies = nthreads if sched.parallel == "buffers" else 1
         alloc = torch.empty if plan.kernels[0].writes_every_output else torch.zeros
         out = alloc((copies,) + out_shape, dtype=cdtype)
-        _call(plan, plan.kernels[0], ops, size, cdtype, {"nthreads": nthreads, "out": out})
+        _call(plan, plan.kernels[0], ops, size, cdtype, {"nthreads": nthreads, "out": out, "init": init})
         return out.sum(0) if copies > 1 else out[0]
     if sched.output[0] == "pattern":
         src = ops[sched.output[1]]

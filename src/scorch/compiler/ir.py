@@ -235,6 +235,7 @@ class Kernel:
     body: Block
     writes_every_output: bool = False  # assigns each dense output element once: no zero-fill needed
     uses_workspace: bool = False       # an assembled output's per-thread marks / list / values rows
+    fused_init: bool = False           # the output starts from the init operands (bias, root term), not 0
 
     def __str__(self):
         sig = ", ".join(f"{p.ctype} {p.name}" for p in self.params)

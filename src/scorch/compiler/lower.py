@@ -45,7 +45,7 @@ class _State:
 
 
 class _Lowerer:
-    def __init__(self, s: Schedule, vtype: str, phase: str, static: dict):
+    def __init__(self, s: Schedule, vtype: str, phase: str, static: dict, n_init: int = 0):
         self.s, self.vtype, self.phase, self.ein, self.static = s, vtype, phase, s.einsum, static
         self.split = {v: (o, i, b) for v, o, i, b in s.splits}
         self.split_parts = {o: v for v, o, _, _ in s.splits} | {i: v for v, _, i, _ in s.splits}
@@ -71,6 +71,9 @@ class _Lowerer:
         r = s.loop_order[-1] if s.loop_order else None
         self.vec_reduce = (phase == "compute" and not self.ws and r in static and r not in self.ein.output
                            and r.split("_")[0] == r and self._vectorisable(r))
+        # Init operands (dense, output-shaped: a bias, GraphSAGE's root term) start the register
+        # accumulator instead of 0 where each output element is written once from one.
+        self.n_init = n_init if n_init and ((self.ws and self.assign_once) or self.acc_once) else 0
         self.used = {a.operand for a in accesses(s.expr)}
         self.rows = tuple(self.ein.output[:-1]) if s.output[0] == "assemble" else ()
         # Elementwise results (A + B, A * B): the loops are exactly the output indices in order, so
@@ -98,6 +101,9 @@ class _Lowerer:
                 for d in range(len(op.indices)):
                     if not (d == len(op.indices) - 1 and op.unit_stride):
                         ps.append(Param(f"s{t}_{d}", "int64_t", ("stride", t, d)))
+        for u in range(self.n_init):
+            ps.append(Param(f"init{u}", f"const {vt} *", ("init", u)))
+            ps += [Param(f"is{u}_{d}", "int64_t", ("init_stride", u, d)) for d in range(len(self.ein.output))]
         if self.phase == "count":
             ps += [Param("counts", "int64_t *", ("counts",)), Param("marks", "int64_t *", ("marks",))]
         elif self.phase == "fill":
@@ -170,7 +176,8 @@ class _Lowerer:
         name = {"count": "kernel_count", "fill": "kernel_fill"}.get(self.phase, "kernel")
         return Kernel(name, self.params, Block((Parallel(Block(tuple(self.prelude()) + tuple(body)),
                                                          _C("nthreads")),)), self.assign_once or self.acc_once,
-                      uses_workspace=self.phase in ("count", "fill") and not self.in_order)
+                      uses_workspace=self.phase in ("count", "fill") and not self.in_order,
+                      fused_init=self.n_init > 0)
 
     def prelude(self):
         vt, s = self.vtype, self.s
@@ -255,10 +262,11 @@ class _Lowerer:
         if ws_here:
             k, n = self.ws[0], self.var_size(self.ws[0])
             if self.vec:
-                out += [Decl(f"scorch_vec_{self.vtype}", f"w{m}", VecZero()) for m in range(self.nvec)]
+                out += [Decl(f"scorch_vec_{self.vtype}", f"w{m}", self.init_value({k: self.lane_offset(m)}, True))
+                        for m in range(self.nvec)]
             else:
                 out += [Decl(self.vtype, f"wrow[{n}]"),
-                        For(k, Const(0), n, Block((Assign(_C("wrow")[_C(k)], Const(0.0)),)), simd=True)]
+                        For(k, Const(0), n, Block((Assign(_C("wrow")[_C(k)], self.init_value()),)), simd=True)]
         out += self.loop(depth + 1, point.expr, st)
         if ws_here:
             op = "=" if self.assign_once else "+="
@@ -475,6 +483,22 @@ class _Lowerer:
             off = term if off is None else off + term
         return off if off is not None else Const(0)
 
+    def init_value(self, subst=None, vec=False):
+        """The sum of the init operands at the output element (or vector of lanes, with
+        ``subst`` placing the row-workspace index): 0 without init operands."""
+        if not self.n_init:
+            return VecZero() if vec else Const(0.0)
+        total = None
+        for u in range(self.n_init):
+            off = None
+            for d, idx in enumerate(self.ein.output):
+                term = (subst or {}).get(idx, _C(idx)) * _C(f"is{u}_{d}")
+                off = term if off is None else off + term
+            off = off if off is not None else Const(0)
+            load = Vec(Addr(_C(f"init{u}"), off), self.vtype) if vec else _C(f"init{u}")[off]
+            total = load if total is None else total + load
+        return total
+
     def maybe_acc_start(self, depth, st):
         """A register accumulator once every output index is bound and only reductions remain."""
         s = self.s
@@ -483,7 +507,7 @@ class _Lowerer:
         if not all(i in st.bound for i in self.ein.output):
             return []
         self.acc_depth = depth
-        return [Decl(self.vtype, "acc", Const(0.0))]
+        return [Decl(self.vtype, "acc", self.init_value())]
 
     def maybe_acc_end(self, depth, st):
         if self.acc_depth != depth:
@@ -580,10 +604,13 @@ def _present(expr) -> set:
     return {a.operand for a in accesses(expr)}
 
 
-def lower(schedule: Schedule, vtype: str, phase: str = "compute", static: dict | None = None) -> Kernel:
+def lower(schedule: Schedule, vtype: str, phase: str = "compute", static: dict | None = None,
+          n_init: int = 0) -> Kernel:
     """Lower ``schedule`` to a kernel computing in ``vtype`` ("float" or "double").
 
     ``phase``: "compute" (dense or pattern output), or "count" / "fill" (the two
     passes of an assembled sparse output).  ``static``: index sizes to bake in as
-    constants (the row workspace needs its length at compile time)."""
-    return _Lowerer(schedule, vtype, phase, static or {}).lower()
+    constants (the row workspace needs its length at compile time).  ``n_init``: dense
+    output-shaped operands the result starts from (``Kernel.fused_init`` says whether the
+    loop nest could take them; the caller adds them afterwards otherwise)."""
+    return _Lowerer(schedule, vtype, phase, static or {}, n_init).lower()

@@ -26,6 +26,7 @@ from torch import nn
 from .. import convert
 from ..errors import ScorchTypeError, ScorchValueError
 from ..interop import is_sparse, sparse_coo
+from ..ops.einsum import einsum_add
 from ..tensor import SparseTensor
 
 __all__ = ["GATConv", "GCNConv", "SAGEConv", "gcn_norm"]
@@ -216,8 +217,8 @@ class GCNConv(_GraphConv):
         A = self._adjacency(adj, x, lambda: gcn_norm(
             adj, x.shape[0], add_self_loops=self.add_self_loops, normalize=self.normalize, dtype=x.dtype,
             _layer="GCNConv"))
-        out = A @ self.lin(x)
-        return out if self.bias is None else out + self.bias
+        # the bias starts the SpMM's row accumulators: no separate pass over the output
+        return einsum_add("ij,jk->ik", (A, F.linear(x, self.lin.weight)), () if self.bias is None else (self.bias,))
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, normalize={self.normalize}, cached={self.cached}"
@@ -249,13 +250,16 @@ class SAGEConv(_GraphConv):
     def forward(self, x: torch.Tensor, adj) -> torch.Tensor:
         _check_x(x, self.in_channels, "SAGEConv")
         A = self._adjacency(adj, x, lambda: _mean_adj(adj, x.shape[0], x.dtype))
-        # mean(x) @ W^T == mean(x @ W^T): aggregate in the narrower width
+        bias = () if self.lin_l.bias is None else (self.lin_l.bias,)
         if self.out_channels < self.in_channels:
-            agg = A @ F.linear(x, self.lin_l.weight)
-            agg = agg if self.lin_l.bias is None else agg + self.lin_l.bias
-        else:
-            agg = self.lin_l(A @ x)
-        return agg + self.lin_r(x)
+            # mean(x) @ W^T == mean(x @ W^T): aggregate in the narrower width.  One GEMM gives
+            # both x @ W_l^T and the root term x @ W_r^T; the SpMM reads the first half and
+            # starts its row accumulators from the second half plus the bias.
+            o = self.out_channels
+            h = F.linear(x, torch.cat([self.lin_l.weight, self.lin_r.weight]))
+            return einsum_add("ij,jk->ik", (A, h[:, :o]), (h[:, o:],) + bias)
+        root = F.linear(x, self.lin_r.weight, *bias)
+        return torch.addmm(root, A @ x, self.lin_l.weight.t())
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, aggr='mean', cached={self.cached}"

@@ -41,7 +41,7 @@ def einsum(equation: str, *operands, format=None):
         return torch.einsum(equation, *dense)
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and _requires_grad(x) for x in operands):
         ops = driver._operands(operands)
-        return _Einsum.apply(equation, format, *ops)
+        return _Einsum.apply(equation, format, 0, *ops)
     return driver.einsum(equation, *operands, format=format)
 
 
@@ -96,22 +96,47 @@ def explain(equation: str, *operands, format=None):
 implements(torch.einsum)(einsum)
 
 
+def einsum_add(equation: str, operands, init):
+    """``einsum(equation, *operands) + init[0] + init[1] + ...`` (``init``: dense tensors
+    broadcastable to the result, e.g. a bias); the additions happen inside the kernel, which
+    starts its accumulators from them, where the loop nest allows (SpMM, SpMV)."""
+    operands, init = tuple(runtime.maybe_sparsify(operands)), tuple(init)
+    if _dense_path(equation, operands, None):
+        return einsum(equation, *operands) + sum(init)
+    tensors = operands + init
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and _requires_grad(x) for x in tensors):
+        return _Einsum.apply(equation, None, len(init), *driver._operands(operands), *init)
+    return driver.einsum(equation, *operands, init=init)
+
+
 class _Einsum(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, equation, format, *ops):
-        ctx.equation = equation
-        ctx.save_for_backward(*ops)
-        return driver.einsum(equation, *ops, format=format)
+    def forward(ctx, equation, format, n_init, *tensors):
+        ctx.equation, ctx.n_init = equation, n_init
+        ctx.save_for_backward(*tensors)
+        ops, init = tensors[:len(tensors) - n_init], tensors[len(tensors) - n_init:]
+        return driver.einsum(equation, *ops, format=format, init=init)
 
     @staticmethod
     def backward(ctx, grad):
-        ops = ctx.saved_tensors
+        tensors = ctx.saved_tensors
+        ops, init = tensors[:len(tensors) - ctx.n_init], tensors[len(tensors) - ctx.n_init:]
         ein = parse(ctx.equation, [tuple(x.shape) for x in ops])
         if any(len(set(t)) != len(t) for t in ein.inputs):
             raise NotSupportedError(f"einsum {ctx.equation!r}: the gradient of a repeated index (a diagonal) "
                                     "is not supported yet")
-        return (None, None) + tuple(_grad_of(ein, ops, k, grad) if ctx.needs_input_grad[k + 2] else None
-                                    for k in range(len(ops)))
+        need = ctx.needs_input_grad[3:]
+        grads = tuple(_grad_of(ein, ops, k, grad) if need[k] else None for k in range(len(ops)))
+        grads += tuple(_sum_to(grad, t) if need[len(ops) + u] else None for u, t in enumerate(init))
+        return (None, None, None) + grads
+
+
+def _sum_to(grad, t):
+    """``grad`` summed over the dims that ``t`` was broadcast along, in ``t``'s shape and dtype."""
+    lead = grad.dim() - t.dim()
+    g = grad.sum(dim=tuple(range(lead))) if lead else grad
+    dims = tuple(d for d, n in enumerate(t.shape) if n == 1 and g.shape[d] != 1)
+    return (g.sum(dim=dims, keepdim=True) if dims else g).to(t.dtype)
 
 
 def _grad_of(ein, ops, k, grad):

@@ -8,7 +8,7 @@ from .._dispatch import implements
 from ..errors import ScorchValueError
 from ..interop import is_sparse
 from ..tensor import SparseTensor
-from .einsum import einsum
+from .einsum import einsum, einsum_add
 
 _BATCH = "abcdefgh"
 
@@ -72,6 +72,9 @@ def bmm(a, b):
 @implements(torch.addmm, torch.Tensor.addmm)
 def addmm(input, mat1, mat2, *, beta=1, alpha=1):
     """``beta * input + alpha * (mat1 @ mat2)`` (either matrix sparse)."""
+    if beta == 1 and alpha == 1 and isinstance(input, torch.Tensor) and not is_sparse(input) \
+            and mat1.dim() == 2 and mat2.dim() == 2 and (is_sparse(mat1) or is_sparse(mat2)):
+        return einsum_add("ij,jk->ik", (mat1, mat2), (input,))  # input starts the accumulators
     prod = mm(mat1, mat2)
     if alpha != 1:
         prod = prod * alpha
@@ -93,6 +96,8 @@ def linear(input, weight, bias=None):
         # instead of one sparse dot product per (row, output) pair.
         flat = input.reshape(-1, input.shape[-1])
         out = einsum("oi,ib->ob", weight, flat.t().contiguous()).t().reshape(*input.shape[:-1], weight.shape[0])
+    elif bias is not None and not is_sparse(weight) and not is_sparse(bias):
+        return einsum_add("...i,oi->...o", (input, weight), (bias,))
     else:
         out = einsum("...i,oi->...o", input, weight)
     if isinstance(out, torch.Tensor) and is_sparse(out) and bias is not None:
