@@ -22,6 +22,8 @@ static inline int64_t scorch_lower_bound(const void *pos, int wide, int64_t n, i
 }
 
 #define SCORCH_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define SCORCH_MAX(a, b) ((a) > (b) ? (a) : (b))
+
 
 /* 64-byte vectors (GCC/Clang vector extensions), unaligned access allowed. */
 typedef float scorch_vec_float __attribute__((vector_size(64), aligned(4)));
@@ -41,6 +43,37 @@ static inline double scorch_hsum_double(scorch_vec_double v) {
   v2 c, d; __builtin_memcpy(&c, &a, 16); __builtin_memcpy(&d, (char *)&a + 16, 16); c += d;
   return c[0] + c[1];
 }
+
+/* exp of 16 floats at once, in vector registers (libm's expf is a call per element without
+   -ffast-math, and a scalar bit cast stops gcc's vectoriser): 2^n * p(r), x = n ln2 + r,
+   |r| <= ln2/2, p a degree-6 polynomial (Cephes expf), ~1 ulp.  exp(-inf) = 0, NaN stays
+   NaN, arguments past +-87 saturate.  scorch_exp_float is the same formula for one float. */
+typedef int32_t scorch_vec_int __attribute__((vector_size(64), aligned(4)));
+#define SCORCH_SEL(mask, a, b) \
+  ((scorch_vec_float)(((mask) & (scorch_vec_int)(a)) | (~(mask) & (scorch_vec_int)(b))))
+static inline scorch_vec_float scorch_exp_vec_float(scorch_vec_float x) {
+  const scorch_vec_float zero = {0};
+  scorch_vec_float c = SCORCH_SEL(x < -88.0f, zero - 88.0f, x);
+  c = SCORCH_SEL(c > 88.0f, zero + 88.0f, c);
+  scorch_vec_float t = c * 1.44269504088896341f + 0.5f;
+  scorch_vec_int ti = __builtin_convertvector(t, scorch_vec_int);
+  ti = ti + (__builtin_convertvector(ti, scorch_vec_float) > t);   /* floor (a true compare is -1) */
+  scorch_vec_float n = __builtin_convertvector(ti, scorch_vec_float);
+  scorch_vec_float r = c - n * 0.693359375f + n * 2.12194440e-4f;
+  scorch_vec_float p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  scorch_vec_float y = SCORCH_SEL(x < -87.0f, zero, p * (scorch_vec_float)((ti + 127) << 23));
+  return SCORCH_SEL(x != x, x, y);
+}
+static inline float scorch_exp_float(float x) {
+  scorch_vec_float v = {x};
+  return scorch_exp_vec_float(v)[0];
+}
+static inline double scorch_exp_double(double x) { return exp(x); }
 
 /* Four horizontal sums at once: s[u] = sum of the lanes of p<u>.  Halving the four vectors
    together (shuffles pair them up) costs about as much as one scorch_hsum. */
@@ -147,7 +180,8 @@ def stmt(s, ind: str) -> list[str]:
     if isinstance(s, For):
         out = []
         if s.simd:
-            out.append(f"{ind}#pragma omp simd" + (f" reduction(+:{s.reduction})" if s.reduction else ""))
+            red = s.reduction if s.reduction is None or ":" in s.reduction else f"+:{s.reduction}"
+            out.append(f"{ind}#pragma omp simd" + (f" reduction({red})" if red else ""))
         out.append(f"{ind}for (int64_t {s.var} = {expr(s.lo)}; {s.var} < {expr(s.hi)}; {s.var}++) {{")
         return out + stmt(s.body, ind + "  ") + [f"{ind}}}"]
     if isinstance(s, Scope):

@@ -24,6 +24,7 @@ from torch import nn
 from .. import convert
 from ..errors import ScorchTypeError, ScorchValueError
 from ..interop import is_sparse, sparse_coo
+from ..ops.reduce import scaled_softmax
 from ..tensor import SparseTensor
 
 __all__ = ["SparseAttention", "bigbird_pattern", "window_pattern"]
@@ -198,7 +199,7 @@ class SparseAttention(nn.Module):
         q, k, v = self._heads(x3)
         M = self._sparse_mask(L, B * self.num_heads, x.dtype, mask)
         S = torch.einsum("hij,hik,hjk->hij", M, q, k)
-        P = torch.softmax(S * (1.0 / math.sqrt(self.head_dim)), dim=2)
+        P = scaled_softmax(S, 2, 1.0 / math.sqrt(self.head_dim))
         out = self._merge(P @ v, B, L)
         return out if x.dim() == 3 else out.squeeze(0)
 

@@ -9,7 +9,9 @@ a fibre is not full.
 ``softmax`` / ``log_softmax`` along a dim follow torch.sparse: absent entries
 are -inf, so the result keeps the pattern (any format, CSR included).
 
-Everything is vectorised torch over the stored values, and differentiable.
+Everything is vectorised torch over the stored values, and differentiable; a softmax
+along the innermost compressed level (CSR rows) that needs no gradient runs one
+generated kernel instead (:mod:`scorch.compiler.segments`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from .._dispatch import implements
+from ..compiler import build, segments
 from ..convert import coords_of
 from ..errors import ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
@@ -125,7 +128,8 @@ def amin(x, dim=(), keepdim=False):
     return _extreme(x, dim, keepdim, "amin")
 
 
-def _softmax(x: SparseTensor, dim, log: bool, dtype=None, op="softmax"):
+def _softmax(x: SparseTensor, dim, log: bool, dtype=None, op="softmax", scale: float = 1.0):
+    """softmax / log_softmax of ``scale * x`` along ``dim`` (absent entries -inf)."""
     if dim is None:
         raise ScorchValueError(f"{op}: pass dim= explicitly")
     (d,) = _dims(dim, x.dim(), op)
@@ -133,6 +137,13 @@ def _softmax(x: SparseTensor, dim, log: bool, dtype=None, op="softmax"):
     if dtype is not None:
         vals = vals.to(dtype)
     lengths = _row_segments(x, d)
+    if lengths is not None and vals.dtype in (torch.float32, torch.float64) and build.have_compiler() \
+            and not (torch.is_grad_enabled() and vals.requires_grad):
+        # runs of the innermost level: one generated kernel (max, exp-sum, scale per run)
+        res = segments.softmax(x._pos[-1], vals, scale, log)
+        return x._like(values=res, nnz=x._nnz)
+    if scale != 1.0:
+        vals = vals * scale
     if lengths is not None:  # each group is one contiguous run of the innermost level (CSR rows)
         m = torch.segment_reduce(vals.detach(), "max", lengths=lengths, unsafe=True)
         shifted = vals - m.repeat_interleave(lengths, output_size=vals.numel())
@@ -163,6 +174,11 @@ def _row_segments(x: SparseTensor, d: int):
         return None
     pos = x._pos[-1]
     return (pos[1:] - pos[:-1]).to(torch.int64)
+
+
+def scaled_softmax(x: SparseTensor, dim: int, scale: float) -> SparseTensor:
+    """``torch.softmax(scale * x, dim)`` with the scaling inside the kernel (attention scores)."""
+    return _softmax(x, dim, False, scale=scale)
 
 
 @implements(torch.softmax, torch.Tensor.softmax, torch.nn.functional.softmax, torch.sparse.softmax)
