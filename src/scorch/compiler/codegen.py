@@ -104,7 +104,8 @@ static inline void scorch_hsum4_double(scorch_vec_double p0, scorch_vec_double p
 #else
 static inline void scorch_hsum4_float(scorch_vec_float p0, scorch_vec_float p1, scorch_vec_float p2,
                                       scorch_vec_float p3, float *s) {
-  s[0] = scorch_hsum_float(p0); s[1] = scorch_hsum_float(p1); s[2] = scorch_hsum_float(p2); s[3] = scorch_hsum_float(p3);
+  s[0] = scorch_hsum_float(p0); s[1] = scorch_hsum_float(p1); s[2] = scorch_hsum_float(p2);
+  s[3] = scorch_hsum_float(p3);
 }
 static inline void scorch_hsum4_double(scorch_vec_double p0, scorch_vec_double p1, scorch_vec_double p2,
                                        scorch_vec_double p3, double *s) {
