@@ -31,15 +31,19 @@ def seed_moe(m: MoE, x: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bnd,bn->bd", y_experts, gates)
 
 
-@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("k", [1, 2, 3])
 @pytest.mark.parametrize("bias", [True, False])
-def test_moe_matches_seed_dense(k, bias):
+@pytest.mark.parametrize("grad", [True, False])   # the autograd path, and the inference path
+def test_moe_matches_seed_dense(k, bias, grad):
     torch.manual_seed(k)
     m = MoE(16, 12, 8, k=k, bias=bias)
     x = torch.randn(32, 16)
     want = seed_moe(m, x)
-    torch.testing.assert_close(m(x), want)
-    torch.testing.assert_close(m.dense_reference(x), want)
+    with torch.set_grad_enabled(grad):
+        torch.testing.assert_close(m(x), want)
+        torch.testing.assert_close(m.dense_reference(x), want)
+        x3 = x.double().view(4, 8, 16)   # leading dims, float64, and experts nobody picked
+        torch.testing.assert_close(m.double()(x3), seed_moe(m, x.double()).view(4, 8, 12))
 
 
 @pytest.mark.parametrize("k", [1, 2])

@@ -20,11 +20,15 @@ import math
 import torch
 from torch import nn
 
+from ..compiler.driver import einsum
 from ..errors import ScorchTypeError, ScorchValueError
+from ..format import preset
 from ..interop import sparse_coo
 from ..tensor import SparseTensor
 
 __all__ = ["MoE"]
+
+_CSR = preset("csr", 2)
 
 
 def _check_positive(layer: str, **kw) -> None:
@@ -113,11 +117,48 @@ class MoE(nn.Module):
             y = y + self.bias.to(x2.dtype)[expert[order]]
         return y[torch.argsort(order)]
 
+    def _combine_inference(self, x2: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """The forward without autograd, in as few passes over the data as the routing allows.
+
+        The ``B * k`` assignments sorted by expert: one gather of their tokens' rows, one
+        matmul per expert into its block of ``Y`` (rows ``0 .. B*k-1``), the biases as ``E``
+        more rows of ``Y``.  Then the combine is one compiled SpMM, ``out = G @ Y``, where
+        row ``b`` of the CSR ``G`` holds the gate values of token ``b`` twice: at the sorted
+        positions of its assignments and at its experts' bias rows.  So the gating, the
+        bias and the scatter back to token order happen in one pass over ``Y``."""
+        B, k, n_exp = x2.shape[0], self.k, self.n_experts
+        expert = idx.reshape(-1)
+        order = torch.argsort(expert, stable=True)
+        counts = torch.bincount(expert, minlength=n_exp).tolist()
+        xs = x2.index_select(0, order // k if k > 1 else order)
+        Y = torch.empty(B * k + n_exp, self.d_out, dtype=x2.dtype)
+        E = self.E.to(x2.dtype)
+        start = 0
+        for e, c in enumerate(counts):
+            if c:
+                torch.mm(xs[start:start + c], E[e], out=Y[start:start + c])
+            start += c
+        if self.bias is None:
+            Y[B * k:] = 0
+        else:
+            Y[B * k:] = self.bias.to(x2.dtype)
+        # sorted position of assignment a = b*k + j; ascending in j since idx rows are sorted
+        itype = torch.int32 if B * k + n_exp < 2**31 else torch.int64
+        where = torch.empty(B * k, dtype=itype)
+        where[order] = torch.arange(B * k, dtype=itype)
+        crd = torch.cat([where.view(B, k), (idx + B * k).to(itype)], 1).reshape(-1)
+        vals = torch.cat([w, w], 1).reshape(-1).to(x2.dtype)
+        pos = torch.arange(0, 2 * k * B + 1, 2 * k, dtype=itype)
+        G = SparseTensor(_CSR, (B, B * k + n_exp), (None, pos), (None, crd), vals, nnz=2 * k * B)
+        return einsum("ba,ad->bd", G, Y)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = self._flat(x)
         idx, w = self.route(x2)
-        G = self._gate_tensor(idx, w)
-        y = self._experts(x2, idx) * G.values().unsqueeze(1)
+        if not torch.is_grad_enabled() or not (x2.requires_grad or any(p.requires_grad for p in self.parameters())):
+            return self._combine_inference(x2, idx, w).reshape(*x.shape[:-1], self.d_out)
+        # the gate values are the stored values of the CSR gates (self.gates): B x k, row-major
+        y = self._experts(x2, idx) * w.reshape(-1).unsqueeze(1)
         return y.view(-1, self.k, self.d_out).sum(1).reshape(*x.shape[:-1], self.d_out)
 
     def dense_reference(self, x: torch.Tensor) -> torch.Tensor:
