@@ -558,6 +558,47 @@ def recsys(cfg):
         D = T.to_dense()
         systems.append(System("dense torch", lambda: D @ emb))
     yield Case("recsys", f"multi-hot embedding-bag B={B} F={F_} nnz/row={nnz} d={d}", systems)
+    yield from _lightfm(cfg)
+
+
+def _lightfm(cfg):
+    """LightFM-style scoring of candidate pairs: ``scorch.nn.Recommender`` against the same
+    model written with torch.sparse (CSR SpMM / SpMV, ``sampled_addmm``, bias gathers)."""
+    from scorch.nn import Recommender
+    U, I, Fu, Fi, nu, ni, d, cand = (1024, 512, 20_000, 5_000, 32, 16, 64, 50) if cfg.quick else \
+        (8192, 4096, 200_000, 50_000, 32, 16, 64, 100)
+    torch.manual_seed(60)
+    model = Recommender(Fu, Fi, d).eval()
+    with torch.no_grad():
+        model.user_bias.normal_(0, 0.1)
+        model.item_bias.normal_(0, 0.1)
+    Xu, Xi = multi_hot(U, Fu, nu, seed=61), multi_hot(I, Fi, ni, seed=62)
+    g = _gen(63)
+    items = torch.rand(U, I, generator=g).topk(cand, dim=1).indices.sort(1).values
+    pairs = scorch.sparse_coo(torch.stack([torch.arange(U).repeat_interleave(cand), items.reshape(-1)]),
+                              torch.ones(U * cand), (U, I), format="csr")
+    Tu, Cu = _csr_coo(Xu)
+    Ti, Ci = _csr_coo(Xi)
+    Tp, Cp = _csr_coo(pairs)
+    rows, cols = Cp.indices()
+    Eu, Ei, bu, bi = (p.detach() for p in (model.user_embedding, model.item_embedding, model.user_bias,
+                                           model.item_bias))
+
+    def torch_csr():
+        Ur, Vr = Tu @ Eu, Ti @ Ei
+        S = torch.sparse.sampled_addmm(Tp, Ur, Vr.t(), beta=0.0)
+        vals = S.values() + (Tu @ bu)[rows] + (Ti @ bi)[cols]
+        return torch.sparse_csr_tensor(Tp.crow_indices(), Tp.col_indices(), vals, Tp.shape)
+
+    def torch_coo():
+        Ur, Vr = torch.sparse.mm(Cu, Eu), torch.sparse.mm(Ci, Ei)
+        ub, ib = torch.sparse.mm(Cu, bu.unsqueeze(1)).squeeze(1), torch.sparse.mm(Ci, bi.unsqueeze(1)).squeeze(1)
+        vals = (Ur[rows] * Vr[cols]).sum(1) + ub[rows] + ib[cols]
+        return torch.sparse_coo_tensor(Cp.indices(), vals, Cp.shape, is_coalesced=True)
+    systems = [System("scorch Recommender", lambda: model(Xu, Xi, pairs)),
+               System("torch.sparse CSR", torch_csr, baseline=True, reference=True),
+               System("torch.sparse COO", torch_coo, baseline=True)]
+    yield Case("recsys", f"LightFM scoring U={U} I={I} features {Fu}/{Fi} d={d} candidates/user={cand}", systems)
 
 
 WORKLOADS = {"kernels": kernels, "gnn": gnn, "moe": moe, "attention": attention, "mlp": mlp, "recsys": recsys}

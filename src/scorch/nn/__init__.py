@@ -1,8 +1,9 @@
 """``scorch.nn``: every name of ``torch.nn``, plus scorch's sparse layers: ``GCNConv``,
 ``SAGEConv``, ``GATConv`` (graph layers on a SparseTensor / torch.sparse / edge_index
 adjacency), ``SparseLinear`` (a pruned linear layer with a sparse weight), ``MoE``
-(top-k gated mixture of experts computing only the selected experts) and
-``SparseAttention`` (multi-head attention over a sparse score pattern)."""
+(top-k gated mixture of experts computing only the selected experts),
+``SparseAttention`` (multi-head attention over a sparse score pattern) and
+``Recommender`` (LightFM-style scores from sparse multi-hot user / item features)."""
 
 import torch.nn as _tnn
 
@@ -10,6 +11,7 @@ from . import functional  # noqa: F401  (scorch.nn.functional is scorch's, not t
 from .attention import SparseAttention, bigbird_pattern, window_pattern  # noqa: F401
 from .gnn import GATConv, GCNConv, SAGEConv, gcn_norm  # noqa: F401
 from .moe import MoE  # noqa: F401
+from .recommender import Recommender  # noqa: F401
 from .sparse_linear import SparseLinear  # noqa: F401
 
 
