@@ -128,6 +128,8 @@ def test_sddmm_reduces_four_nonzeros_at_once(k, dtype):
     A = scorch.as_sparse(dense, "csr")
     plan = check("ij,ik,jk->ij", A, rnd(10, k, density=1, dtype=dtype), rnd(12, k, density=1, seed=1, dtype=dtype))
     assert "scorch_hsum4_" in plan.source
+    # index letters are C variable names: none may collide with the step's own temporaries
+    check("su,sc,uc->su", A, rnd(10, k, density=1, dtype=dtype), rnd(12, k, density=1, seed=1, dtype=dtype))
 
 
 @needs_cc
@@ -200,6 +202,9 @@ def test_spgemm_assembles_a_sparse_result(fa, fb):
     struct = (A.to_dense() != 0).double() @ (B.to_dense() != 0).double()
     assert C.nnz == int((struct != 0).sum())
     torch.testing.assert_close(C.to_dense(), want)
+    # index letters are C variable names: the assembly's temporaries must not take them
+    check("mw,wk->mk", A, B, sparse_out=True)
+    check("em,mw->ew", A, B, sparse_out=True)
 
 
 @needs_cc

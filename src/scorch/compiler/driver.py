@@ -296,8 +296,6 @@ class _Bound:
     alloc: object = torch.zeros
     work: tuple = ()         # (operand, factor): the call's work is max(nnz * factor)
 
-    init_strides: tuple = ()  # per init operand, its strides broadcast to the output (fused init only)
-
     @staticmethod
     def make(equation, ops, format, init=()):
         plan, ein, ops2, out_dtype, cdtype = _plan(equation, list(ops), format)
@@ -512,7 +510,7 @@ def _run(plan: Plan, ein: Einsum, ops, cdtype, init=()):
     ops = _prepare(sched, ops)
     size = ein.size
     out_shape = tuple(size[c] for c in ein.output)
-    work = [x._nnz * f for (k, f), x in zip(_work_factors(ein, ops), (x for x in ops if isinstance(x, SparseTensor)))]
+    work = [ops[k]._nnz * f for k, f in _work_factors(ein, ops)]
     nthreads = threads_for(max(work) if work else 0)
     if sched.output[0] == "dense":
         copies = nthreads if sched.parallel == "buffers" else 1

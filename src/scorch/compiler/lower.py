@@ -189,7 +189,7 @@ class _Lowerer:
             n = _C(f"n_{self.ein.output[-1]}")
             return [Decl("int64_t * restrict", "mark", _C("marks") + _C("tid") * n),
                     Decl("int64_t * restrict", "lst", _C("list") + _C("tid") * n),
-                    Decl(f"{vt} * restrict", "w", _C("ws") + _C("tid") * n)]
+                    Decl(f"{vt} * restrict", "wsp", _C("ws") + _C("tid") * n)]
         if s.output[0] == "dense" and s.parallel == "buffers":
             numel = Const(1)
             for idx in self.ein.output:
@@ -348,21 +348,21 @@ class _Lowerer:
             else (None, red.value)
         if not (isinstance(hsum, Call) and hsum.fn.startswith("scorch_hsum_")):
             return None
-        vt, q = self.vtype, _C("qb")
-        step = [Decl("const int64_t", "qb", lo + _C("blk") * Const(4))]
-        step += [Decl(f"scorch_vec_{vt}", f"t{u}") for u in range(4)]
+        vt, q = self.vtype, _C("bq_")
+        step = [Decl("const int64_t", "bq_", lo + _C("bblk_") * Const(4))]
+        step += [Decl(f"scorch_vec_{vt}", f"bt{u}_") for u in range(4)]
         if scale is not None:
-            step.append(Decl(vt, "c[4]"))
+            step.append(Decl(vt, "bc_[4]"))
         for u in range(4):
-            sets = (Assign(_C(f"t{u}"), hsum.args[0]),) + ((Assign(_C("c")[Const(u)], scale),) if scale else ())
+            sets = (Assign(_C(f"bt{u}_"), hsum.args[0]),) + ((Assign(_C("bc_")[Const(u)], scale),) if scale else ())
             step.append(Scope(Block((Decl("const int64_t", it, q + Const(u)), *head, *sets))))
-        step += [Decl(vt, "s[4]"), Eval(Call(f"scorch_hsum4_{vt}", tuple(_C(f"t{u}") for u in range(4)) + (_C("s"),)))]
+        step += [Decl(vt, "bs_[4]"), Eval(Call(f"scorch_hsum4_{vt}", tuple(_C(f"bt{u}_") for u in range(4)) + (_C("bs_"),)))]
         for u in range(4):
-            value = _C("s")[Const(u)] if scale is None else _C("c")[Const(u)] * _C("s")[Const(u)]
+            value = _C("bs_")[Const(u)] if scale is None else _C("bc_")[Const(u)] * _C("bs_")[Const(u)]
             step.append(Scope(Block((Decl("const int64_t", it, q + Const(u)), Assign(store.target, value, store.op)))))
         blocks = Bin("/", end - lo, Const(4))
         rest = lo + blocks * Const(4)
-        return Block((For("blk", Const(0), blocks, Block(tuple(step))), For(it, rest, end, body)))
+        return Block((For("bblk_", Const(0), blocks, Block(tuple(step))), For(it, rest, end, body)))
 
     def prefetch(self, v, st, crd, q, end, distance=16):
         """Software prefetch of the dense rows a walked coordinate will gather, ``distance``
@@ -533,8 +533,8 @@ class _Lowerer:
         if self.phase == "count":
             return [If(first, Block((Assign(_C("mark")[c], _C("row")), Assign(_C("cnt"), Const(1), "+="))))]
         return [If(first, Block((Assign(_C("mark")[c], _C("row")), Assign(_C("lst")[_C("len")], c),
-                                 Assign(_C("len"), Const(1), "+="), Assign(_C("w")[c], Const(0.0))))),
-                Assign(_C("w")[c], val, "+=")]
+                                 Assign(_C("len"), Const(1), "+="), Assign(_C("wsp")[c], Const(0.0))))),
+                Assign(_C("wsp")[c], val, "+=")]
 
     def row_start(self, st):
         if self.phase == "compute":
@@ -548,9 +548,9 @@ class _Lowerer:
         if self.phase != "fill" or self.in_order:
             return []
         base = _C("rowpos")[_C("row")]
-        c = _C("lst")[_C("m")]
-        emit = Block((Assign(_C("out_crd")[base + _C("m")], c), Assign(_C("out")[base + _C("m")], _C("w")[c])))
-        return [Assign(_C("len"), Call("scorch_sort", (_C("lst"), _C("len")))), For("m", Const(0), _C("len"), emit)]
+        c = _C("lst")[_C("e_")]
+        emit = Block((Assign(_C("out_crd")[base + _C("e_")], c), Assign(_C("out")[base + _C("e_")], _C("wsp")[c])))
+        return [Assign(_C("len"), Call("scorch_sort", (_C("lst"), _C("len")))), For("e_", Const(0), _C("len"), emit)]
 
     # -------------------------------------------------------------- threads
     def parallelise(self, loop: For, iters):
