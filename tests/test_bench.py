@@ -8,7 +8,7 @@ import sys
 import torch
 
 import scorch
-from scorch.bench import Case, System, check_agreement, format_table, run_case, timeit
+from scorch.bench import Case, System, check_agreement, format_summary, format_table, run_case, timeit
 from scorch.bench.report import write_plot
 
 KEYS = {"workload", "case", "system", "median_ms", "speedup", "baseline", "is_baseline", "peak_rss_mb",
@@ -30,7 +30,9 @@ def test_cli_quick_mlp(tmp_path):
     assert any(r["system"].startswith("scorch") for r in rows)
     assert "| workload | system | median ms | speedup |" in p.stdout
     assert "|---|" in p.stdout
-    assert sum(line.startswith("| mlp: ") for line in p.stdout.splitlines()) == len(rows)
+    full = [line for line in p.stdout.splitlines() if line.startswith("| mlp: ") and line.count("|") == 7]
+    assert len(full) == len(rows)
+    assert "| case | scorch ms | baseline ms | speedup |" in p.stdout   # the per-case summary
 
 
 def test_cli_rejects_unknown_workload():
@@ -99,6 +101,9 @@ def test_format_table():
     assert lines[3] == "| kernels: SpMV / cora | torch.sparse CSR | 12.3 | 1.00x | 400 (+3) | baseline |"
     assert lines[4] == "| kernels: SpMV / cora | x | - | - | - | ERROR: bad / pipe |"
     assert all(line.count("|") == 7 for line in lines)
+    rows.append({**rows[1], "system": "PyG", "median_ms": 24.68, "speedup": 0.5, "is_baseline": False})
+    summary = format_summary(rows).splitlines()
+    assert summary[2] == "| kernels: SpMV / cora | 0.032 | 12.3 (torch.sparse CSR) | **2.50x** | PyG 0.50x |"
 
 
 def test_plot_message_or_file(tmp_path):

@@ -14,7 +14,7 @@ import torch
 
 import scorch
 
-from .report import format_table, geomean_summary, write_json, write_plot
+from .report import format_summary, format_table, geomean_summary, write_json, write_plot
 from .workloads import WORKLOADS, run_case
 
 
@@ -84,6 +84,8 @@ def main(argv=None) -> int:
     elapsed = time.perf_counter() - t0
 
     print(format_table(rows))
+    print()
+    print(format_summary(rows))
     print()
     print(geomean_summary(rows))
     print(f"\n{len(rows)} rows, {sum(1 for r in rows if r.get('error'))} errors, {elapsed:.1f} s. "

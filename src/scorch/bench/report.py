@@ -37,6 +37,28 @@ def format_table(rows) -> str:
     return "\n".join(lines)
 
 
+def format_summary(rows) -> str:
+    """A markdown table, one line per case: scorch's median, the baseline's, the speedup, and
+    every other system's speedup over the same baseline."""
+    cases = {}
+    for r in rows:
+        cases.setdefault((r["workload"], r["case"]), []).append(r)
+    lines = ["| case | scorch ms | baseline ms | speedup | other systems (speedup over the same baseline) |",
+             "|---|---|---|---|---|"]
+    for (w, case), rs in cases.items():
+        ours = next((r for r in rs if r["system"].startswith("scorch")), None)
+        base = [r for r in rs if r.get("is_baseline") and r.get("median_ms") is not None]
+        if ours is None or not base:
+            continue
+        b = min(base, key=lambda r: r["median_ms"])
+        others = ", ".join(f"{r['system']} {r['speedup']:.2f}x" for r in rs
+                           if r is not ours and r is not b and r.get("speedup"))
+        sp = "-" if ours.get("speedup") is None else f"**{ours['speedup']:.2f}x**"
+        lines.append(f"| {w}: {case} | {_fmt_ms(ours.get('median_ms'))} | {_fmt_ms(b['median_ms'])} ({b['system']}) "
+                     f"| {sp} | {others} |")
+    return "\n".join(lines)
+
+
 def geomean_summary(rows) -> str:
     """Geometric-mean speedup of scorch over the baseline per workload group."""
     by = {}

@@ -569,18 +569,18 @@ def _lightfm(cfg):
     """LightFM-style scoring of candidate pairs: ``scorch.nn.Recommender`` against the same
     model written with torch.sparse (CSR SpMM / SpMV, ``sampled_addmm``, bias gathers)."""
     from scorch.nn import Recommender
-    U, I, Fu, Fi, nu, ni, d, cand = (1024, 512, 20_000, 5_000, 32, 16, 64, 50) if cfg.quick else \
+    nU, nI, Fu, Fi, nu, ni, d, cand = (1024, 512, 20_000, 5_000, 32, 16, 64, 50) if cfg.quick else \
         (8192, 4096, 200_000, 50_000, 32, 16, 64, 100)
     torch.manual_seed(60)
     model = Recommender(Fu, Fi, d).eval()
     with torch.no_grad():
         model.user_bias.normal_(0, 0.1)
         model.item_bias.normal_(0, 0.1)
-    Xu, Xi = multi_hot(U, Fu, nu, seed=61), multi_hot(I, Fi, ni, seed=62)
+    Xu, Xi = multi_hot(nU, Fu, nu, seed=61), multi_hot(nI, Fi, ni, seed=62)
     g = _gen(63)
-    items = torch.rand(U, I, generator=g).topk(cand, dim=1).indices.sort(1).values
-    pairs = scorch.sparse_coo(torch.stack([torch.arange(U).repeat_interleave(cand), items.reshape(-1)]),
-                              torch.ones(U * cand), (U, I), format="csr")
+    items = torch.rand(nU, nI, generator=g).topk(cand, dim=1).indices.sort(1).values
+    pairs = scorch.sparse_coo(torch.stack([torch.arange(nU).repeat_interleave(cand), items.reshape(-1)]),
+                              torch.ones(nU * cand), (nU, nI), format="csr")
     Tu, Cu = _csr_coo(Xu)
     Ti, Ci = _csr_coo(Xi)
     Tp, Cp = _csr_coo(pairs)
@@ -602,7 +602,7 @@ def _lightfm(cfg):
     systems = [System("scorch Recommender", lambda: model(Xu, Xi, pairs)),
                System("torch.sparse CSR", torch_csr, baseline=True, reference=True),
                System("torch.sparse COO", torch_coo, baseline=True)]
-    yield Case("recsys", f"LightFM scoring U={U} I={I} features {Fu}/{Fi} d={d} candidates/user={cand}", systems)
+    yield Case("recsys", f"LightFM scoring U={nU} I={nI} features {Fu}/{Fi} d={d} candidates/user={cand}", systems)
 
 
 WORKLOADS = {"kernels": kernels, "gnn": gnn, "moe": moe, "attention": attention, "mlp": mlp, "recsys": recsys}

@@ -356,7 +356,8 @@ class _Lowerer:
         for u in range(4):
             sets = (Assign(_C(f"bt{u}_"), hsum.args[0]),) + ((Assign(_C("bc_")[Const(u)], scale),) if scale else ())
             step.append(Scope(Block((Decl("const int64_t", it, q + Const(u)), *head, *sets))))
-        step += [Decl(vt, "bs_[4]"), Eval(Call(f"scorch_hsum4_{vt}", tuple(_C(f"bt{u}_") for u in range(4)) + (_C("bs_"),)))]
+        parts = tuple(_C(f"bt{u}_") for u in range(4))
+        step += [Decl(vt, "bs_[4]"), Eval(Call(f"scorch_hsum4_{vt}", parts + (_C("bs_"),)))]
         for u in range(4):
             value = _C("bs_")[Const(u)] if scale is None else _C("bc_")[Const(u)] * _C("bs_")[Const(u)]
             step.append(Scope(Block((Decl("const int64_t", it, q + Const(u)), Assign(store.target, value, store.op)))))
