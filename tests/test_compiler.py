@@ -260,6 +260,7 @@ def test_no_compiler_falls_back_to_torch_with_one_warning(monkeypatch):
 @pytest.mark.parametrize("eq,shapes,init_shapes,fused", [
     ("ij,jk->ik", [(12, 9), (9, 16)], [(16,)], True),                 # SpMM + bias: vector row workspace
     ("ij,jk->ik", [(12, 9), (9, 16)], [(16,), (12, 16)], True),       # + GraphSAGE's root term
+    ("ij,jk->ik", [(12, 9), (9, 16)], [(16,), (12, 16), (1, 16)], True),  # more init terms than operands
     ("ij,jk->ik", [(12, 9), (9, 5)], [(1, 5)], True),                 # array row workspace
     ("ij,jk->ik", [(12, 9), (9, 256)], [(256,)], True),               # tiled long rows
     ("ij,j->i", [(12, 9), (9,)], [(12,)], True),                      # SpMV: scalar accumulator

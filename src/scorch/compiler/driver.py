@@ -356,6 +356,9 @@ class _Bound:
             if kind == "nthreads":
                 args[slot] = nthreads
                 continue
+            if kind == "init":
+                args[slot] = init[t].data_ptr()
+                continue
             x = ops[t]
             if kind == "pos":
                 args[slot] = x._pos[k].data_ptr()
@@ -365,8 +368,8 @@ class _Bound:
                 args[slot] = x._values.data_ptr()
             elif kind == "data":
                 args[slot] = x.data_ptr()
-            elif kind == "init":
-                args[slot] = init[t].data_ptr()
+            elif kind == "ncrd":
+                args[slot] = x._crd[k].numel()
             else:  # slots of a padded level
                 args[slot] = x._crd[k].numel() // extra if extra else 0
         if self.pattern is None:
@@ -477,6 +480,8 @@ def _call(plan, kernel, ops, size, cdtype, extra):
             args.append(x.data_ptr())
         elif kind == "stride":
             args.append(ops[p.role[1]].stride(p.role[2]))
+        elif kind == "ncrd":
+            args.append(ops[p.role[1]].crd(p.role[2]).numel())
         elif kind == "init":
             args.append(extra["init"][p.role[1]].data_ptr())
         elif kind == "init_stride":

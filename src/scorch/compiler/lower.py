@@ -80,6 +80,7 @@ class _Lowerer:
         # each row's coordinates arrive sorted and once each: append them, no workspace or sort.
         self.in_order = s.output[0] == "assemble" and s.loop_order == tuple(self.ein.output) and not s.splits
         self.params = self._params()
+        self.crd_lengths: set = set()   # (operand, level) whose coordinate-array length the kernel reads
         self.acc_depth = None
 
     def _params(self):
@@ -174,7 +175,9 @@ class _Lowerer:
         if s.parallel == "serial" or (s.output[0] == "assemble" and not self.rows):
             body = [If(_C("tid").eq(Const(0)), Block(tuple(body)))]
         name = {"count": "kernel_count", "fill": "kernel_fill"}.get(self.phase, "kernel")
-        return Kernel(name, self.params, Block((Parallel(Block(tuple(self.prelude()) + tuple(body)),
+        params = self.params + tuple(Param(f"ncrd{t}_{k}", "int64_t", ("ncrd", t, k))
+                                     for t, k in sorted(self.crd_lengths))
+        return Kernel(name, params, Block((Parallel(Block(tuple(self.prelude()) + tuple(body)),
                                                          _C("nthreads")),)), self.assign_once or self.acc_once,
                       uses_workspace=self.phase in ("count", "fill") and not self.in_order,
                       fused_init=self.n_init > 0)
@@ -320,7 +323,10 @@ class _Lowerer:
         if kind == "compressed":
             pos = _C(f"pos{t}_{k}")
             end = Cast("int64_t", pos[parent + Const(1)])
-            binds = self.prefetch(v, st, crd, _C(it), end) + [coord]
+            # prefetch bound: the end of the whole coordinate array, not of this row, so that
+            # short rows (5 per row on citation graphs) prefetch the rows that follow them
+            self.crd_lengths.add((t, k))
+            binds = self.prefetch(v, st, crd, _C(it), _C(f"ncrd{t}_{k}")) + [coord]
             body = Block(tuple(self.body(depth, v, point, st, {t}, binds)))
             # Innermost walk that only sums into the register accumulator (SpMV's row dot):
             # vectorise it (gathers), the reduction made explicit.
@@ -368,7 +374,8 @@ class _Lowerer:
     def prefetch(self, v, st, crd, q, end, distance=16):
         """Software prefetch of the dense rows a walked coordinate will gather, ``distance``
         nonzeros ahead (SpMM's X[j, :], SDDMM's K[j, :]): irregular rows defeat the hardware
-        prefetcher."""
+        prefetcher.  ``end``: where the coordinate array ends (reading past it is the only
+        thing the bound guards; the prefetched row itself is always a valid one)."""
         out = []
         ahead = q + Const(distance)
         for t, op in enumerate(self.s.operands):
