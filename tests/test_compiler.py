@@ -252,6 +252,18 @@ def test_no_compiler_falls_back_to_torch_with_one_warning(monkeypatch):
         torch.testing.assert_close(scorch.einsum("ij,ik,jk->ij", A, rnd(5, 2, density=1), rnd(11, 2, density=1),
                                                  format="dense"),
                                    A.to_dense() * (rnd(5, 2, density=1) @ rnd(11, 2, density=1).t()))
+        # the layers' kernel paths fall back too: fused bias, row softmax, MoE inference
+        from scorch.nn import MoE
+        from scorch.ops.einsum import einsum_add
+        b = rnd(3, density=1, seed=4)
+        torch.testing.assert_close(einsum_add("ij,jk->ik", (A, X), (b,)), A.to_dense() @ X + b)
+        S = scorch.as_sparse(rnd(5, 11, seed=5), "csr")
+        masked = S.to_dense().masked_fill(S.to_dense() == 0, float("-inf"))
+        torch.testing.assert_close(torch.softmax(S, 1).to_dense(), torch.softmax(masked, 1).nan_to_num(0.0))
+        m = MoE(6, 4, 3, k=1).double()
+        x = rnd(7, 6, density=1, seed=6)
+        with torch.no_grad():
+            torch.testing.assert_close(m(x), m.dense_reference(x))
 
 
 # ------------------------------------------------------------------ init operands (fused additions)
