@@ -29,13 +29,28 @@ def _median_ms(fn, repeat=7):
     return 1e3 * statistics.median(times)
 
 
+def _compare_ms(*fns, budget=0.3):
+    """Median ms of each fn, run alternately (fair on a shared machine) after one warm-up each,
+    for about ``budget`` seconds (at least 7 rounds, at most 1000)."""
+    for f in fns:
+        f()
+    times = [[] for _ in fns]
+    t_start = time.perf_counter()
+    while len(times[0]) < 7 or (time.perf_counter() - t_start < budget and len(times[0]) < 1000):
+        for k, f in enumerate(fns):
+            t0 = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t0)
+    return [1e3 * statistics.median(t) for t in times]
+
+
 def _storage_bytes(A) -> int:
     arrays = [A.values(), *(t for t in (*A._pos, *A._crd) if t is not None)]
     return sum(t.numel() * t.element_size() for t in arrays)
 
 
 def _spmm_line(label, A, At, X, dense):
-    ours, theirs = _median_ms(lambda: A @ X), _median_ms(lambda: At @ X)
+    ours, theirs = _compare_ms(lambda: A @ X, lambda: At @ X)
     line = f"  {label}: scorch {ours:.3f} ms | torch.sparse CSR {theirs:.3f} ms ({theirs / ours:.2f}x)"
     if dense is not None:
         d = _median_ms(lambda: dense @ X)
@@ -95,8 +110,8 @@ def main(argv=None) -> int:
     S = scorch.einsum("ij,ik,jk->ij", A, Q, K)   # SDDMM: scores only where edges are
     ref_s = torch.sparse.sampled_addmm(At, Q, K.t(), beta=0.0)
     ok_s = torch.allclose(S.values(), ref_s.values(), atol=1e-4)
-    s_ms = _median_ms(lambda: scorch.einsum("ij,ik,jk->ij", A, Q, K))
-    t_ms = _median_ms(lambda: torch.sparse.sampled_addmm(At, Q, K.t(), beta=0.0))
+    s_ms, t_ms = _compare_ms(lambda: scorch.einsum("ij,ik,jk->ij", A, Q, K),
+                             lambda: torch.sparse.sampled_addmm(At, Q, K.t(), beta=0.0))
     print(f"SDDMM (edge scores, d=16): scorch {s_ms:.3f} ms | torch.sparse.sampled_addmm {t_ms:.3f} ms "
           f"({t_ms / s_ms:.2f}x); result {S.format} with A's pattern; agree: {'yes' if ok_s else 'NO'}")
     ok = ok and ok_s
