@@ -105,11 +105,10 @@ def test_spmm_row_workspace_widths(k, dtype, fmt):
                                        ("ij,ik,jk->ij", [(40, 30), (40, 8), (30, 8)]), ("ij,i->j", [(40, 30), (40,)])])
 def test_small_problems_run_on_one_thread(monkeypatch, eq, shapes):
     """Below config.parallel_min_work a kernel gets one thread (no OpenMP wake-up); same results."""
-    from scorch.compiler import driver
     A = scorch.as_sparse(rnd(*shapes[0]), "csr")
     ops = [A] + [rnd(*s, density=1, seed=k) for k, s in enumerate(shapes[1:])]
     seen = []
-    monkeypatch.setattr(driver, "threads_for", lambda work, f=driver.threads_for: seen.append(f(work)) or seen[-1])
+    monkeypatch.setattr(build, "threads_for", lambda work, f=build.threads_for: seen.append(f(work)) or seen[-1])
     for min_work in (10**9, 0):
         monkeypatch.setattr(scorch.config, "parallel_min_work", min_work)
         check(eq, *ops)  # the general path, then the cached-call path

@@ -4,7 +4,8 @@ This module owns the compiler command line, the OpenMP runtime the kernels link
 against, and the two-level cache.  It knows nothing about what the source does.
 
 Public API: ``compile_library(source, *, tag="kernel") -> ctypes.CDLL``,
-``have_compiler() -> bool``, ``num_threads() -> int``, ``cache_dir() -> Path``,
+``have_compiler() -> bool``, ``num_threads() -> int``, ``threads_for(work) -> int``,
+``cache_dir() -> Path``,
 ``openmp_runtime() -> str | None``, ``clear_cache() -> None``.
 
 Environment (read at call time): ``SCORCH_CC`` (default ``cc``); ``SCORCH_CFLAGS``
@@ -19,8 +20,9 @@ adds for ``-fopenmp`` is dropped (all GOMP_* symbols are already resolved) and t
 library's only NEEDED entry is torch's runtime, found via its RUNPATH.
 
 Thread contract: kernels take the thread count as an ``int`` argument and use it in
-``num_threads(n)`` clauses; callers pass ``num_threads()`` (= ``torch.get_num_threads()``),
-so kernels follow ``torch.set_num_threads``.
+``num_threads(n)`` clauses; callers pass ``threads_for(work)``: ``num_threads()`` (=
+``torch.get_num_threads()``, so kernels follow ``torch.set_num_threads``), or 1 for a loop nest
+smaller than ``scorch.config.parallel_min_work``.
 
 Cache: in-process dict key -> CDLL (a repeat call is a hash + dict lookup); on disk
 ``{tag}-{key[:20]}.so`` plus the ``.c`` beside it.  The key hashes ``CACHE_VERSION``,
@@ -48,6 +50,7 @@ from pathlib import Path
 
 import torch
 
+from scorch import config
 from scorch.errors import InternalError, NotSupportedError
 
 CACHE_VERSION = 1
@@ -65,6 +68,13 @@ _lock = threading.Lock()
 def num_threads() -> int:
     """Thread count to pass to kernels: follows ``torch.set_num_threads``."""
     return torch.get_num_threads()
+
+
+def threads_for(work: int) -> int:
+    """Threads for a kernel whose loop nest does about ``work`` inner iterations: one below
+    ``config.parallel_min_work`` (waking a sleeping OpenMP thread costs more than it saves on
+    small problems), else ``num_threads()``."""
+    return 1 if work < config.parallel_min_work else max(1, num_threads())
 
 
 def clear_cache() -> None:

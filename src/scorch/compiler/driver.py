@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import config
 from ..errors import NotSupportedError, ScorchTypeError, ScorchValueError
 from ..format import bsc_format, bsr_format, preset
 from ..interop import as_sparse, is_sparse
@@ -350,7 +349,7 @@ class _Bound:
 
     def __call__(self, ops, init=()):
         args = list(self.template)
-        nthreads = threads_for(max(ops[k]._nnz * f for k, f in self.work) if self.work else 0)
+        nthreads = build.threads_for(max(ops[k]._nnz * f for k, f in self.work) if self.work else 0)
         copies = nthreads if self.buffers else 1
         for slot, t, kind, k, extra in self.pointers:
             if kind == "nthreads":
@@ -503,20 +502,13 @@ def _work_factors(ein: Einsum, ops) -> tuple:
     return tuple(out)
 
 
-def threads_for(work: int) -> int:
-    """Threads for a kernel whose loop nest does about ``work`` inner iterations: one below
-    ``config.parallel_min_work`` (waking a sleeping OpenMP thread costs more than it saves on
-    small problems), else ``torch.get_num_threads()``."""
-    return 1 if work < config.parallel_min_work else max(1, build.num_threads())
-
-
 def _run(plan: Plan, ein: Einsum, ops, cdtype, init=()):
     sched = plan.schedule
     ops = _prepare(sched, ops)
     size = ein.size
     out_shape = tuple(size[c] for c in ein.output)
     work = [ops[k]._nnz * f for k, f in _work_factors(ein, ops)]
-    nthreads = threads_for(max(work) if work else 0)
+    nthreads = build.threads_for(max(work) if work else 0)
     if sched.output[0] == "dense":
         copies = nthreads if sched.parallel == "buffers" else 1
         alloc = torch.empty if plan.kernels[0].writes_every_output else torch.zeros

@@ -100,7 +100,6 @@ def softmax(pos: torch.Tensor, vals: torch.Tensor, scale: float = 1.0, log: bool
     n = pos.numel() - 1
     if n <= 0 or vals.numel() == 0:
         return out
-    from .driver import threads_for
-    _function(vtype, itype, log)(threads_for(vals.numel() * 8), n, pos.data_ptr(), vals.data_ptr(), scale,
+    _function(vtype, itype, log)(build.threads_for(vals.numel() * 8), n, pos.data_ptr(), vals.data_ptr(), scale,
                                  out.data_ptr())
     return out

@@ -35,14 +35,21 @@ def einsum(equation: str, *operands, format=None):
     """
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    operands = runtime.maybe_sparsify(operands)
+    return _einsum(equation, operands, format, ())
+
+
+def _einsum(equation: str, operands, format, init):
+    """The dispatch shared by ``einsum`` and ``einsum_add``: dense torch, the autograd
+    function, or the compiled kernel directly."""
+    operands, init = tuple(runtime.maybe_sparsify(operands)), tuple(init)
     if _dense_path(equation, operands, format):
         dense = [x.to_dense() if isinstance(x, SparseTensor) else x for x in driver._operands(operands)]
-        return torch.einsum(equation, *dense)
-    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and _requires_grad(x) for x in operands):
-        ops = driver._operands(operands)
-        return _Einsum.apply(equation, format, 0, *ops)
-    return driver.einsum(equation, *operands, format=format)
+        out = torch.einsum(equation, *dense)
+        return out + sum(init) if init else out
+    tensors = operands + init
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and _requires_grad(x) for x in tensors):
+        return _Einsum.apply(equation, format, len(init), *driver._operands(operands), *init)
+    return driver.einsum(equation, *operands, format=format, init=init)
 
 
 def _requires_grad(x: torch.Tensor) -> bool:
@@ -100,13 +107,7 @@ def einsum_add(equation: str, operands, init):
     """``einsum(equation, *operands) + init[0] + init[1] + ...`` (``init``: dense tensors
     broadcastable to the result, e.g. a bias); the additions happen inside the kernel, which
     starts its accumulators from them, where the loop nest allows (SpMM, SpMV)."""
-    operands, init = tuple(runtime.maybe_sparsify(operands)), tuple(init)
-    if _dense_path(equation, operands, None):
-        return einsum(equation, *operands) + sum(init)
-    tensors = operands + init
-    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and _requires_grad(x) for x in tensors):
-        return _Einsum.apply(equation, None, len(init), *driver._operands(operands), *init)
-    return driver.einsum(equation, *operands, init=init)
+    return _einsum(equation, operands, None, init)
 
 
 class _Einsum(torch.autograd.Function):
