@@ -255,6 +255,19 @@ def _fusable_init(init, out_shape, cdtype):
     return views
 
 
+def _with_init(equation, plan, ein, ops, format, expr, init, cdtype):
+    """``(plan, views)``: the plan whose kernel starts from the init operands and their
+    broadcast views, or ``(plan, None)`` unchanged when the kernel cannot take them (a sparse
+    result, no per-element accumulator, operands it cannot read): they are added afterwards."""
+    if plan.schedule.output[0] != "dense" or format not in (None, "dense"):
+        return plan, None
+    views = _fusable_init(init, tuple(ein.size[c] for c in ein.output), cdtype)
+    if not views:
+        return plan, None
+    fused = _plan(equation, list(ops), format, expr, n_init=len(views))[0]
+    return (fused, views) if fused.kernels[0].fused_init else (plan, None)
+
+
 # ------------------------------------------------------------------ the cached-call fast path
 #
 # A call whose operands have the same formats, dtypes, shapes and strides as an
@@ -298,14 +311,10 @@ class _Bound:
     @staticmethod
     def make(equation, ops, format, init=()):
         plan, ein, ops2, out_dtype, cdtype = _plan(equation, list(ops), format)
-        out_shape = tuple(ein.size[c] for c in ein.output)
-        views = _fusable_init(init, out_shape, cdtype) if init and plan.schedule.output[0] == "dense" else None
-        if init and views is None:
-            return _Slow(equation, format)
-        if views:
-            plan = _plan(equation, list(ops), format, n_init=len(views))[0]
-            if not plan.kernels[0].fused_init or any(v.dtype != t.dtype for v, t in zip(views, init)):
-                return _Slow(equation, format)
+        if init:
+            plan, views = _with_init(equation, plan, ein, ops, format, None, init, cdtype)
+            if views is None or any(v.dtype != t.dtype for v, t in zip(views, init)):
+                return _Slow(equation, format)  # added after the kernel, or cast: the general path
         sched = plan.schedule
         ready = all((not isinstance(x, SparseTensor) and y.dtype == cdtype and y.data_ptr() == x.data_ptr())
                     or (isinstance(x, SparseTensor) and spec.sparse and x.format == spec.fmt
@@ -406,12 +415,8 @@ def evaluate(equation: str, ops, *, format=None, expr=None, init=()):
     (dense, broadcastable to the result) is added to it, inside the kernel when it can."""
     plan, ein, ops, out_dtype, cdtype = _plan(equation, list(ops), format, expr)
     views = None
-    if init and plan.schedule.output[0] == "dense" and format in (None, "dense") and build.have_compiler():
-        views = _fusable_init(init, tuple(ein.size[c] for c in ein.output), cdtype)
-        if views:
-            plan = _plan(equation, list(ops), format, expr, n_init=len(views))[0]
-            if not plan.kernels[0].fused_init:
-                views = None
+    if init and build.have_compiler():
+        plan, views = _with_init(equation, plan, ein, ops, format, expr, init, cdtype)
     if not build.have_compiler():
         return _add_init(_torch_fallback(ein, ops, out_dtype, format, expr), init)
     result = _run(plan, ein, ops, cdtype, views or ())
