@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .ir import (Addr, Assign, Bin, Block, Break, Call, Cast, Const, Decl, Eval, For, Forever, If, Kernel, Load,
-                 Parallel, Scope, Var, Vec, VecZero)
+                 Parallel, Scope, SegmentedRows, Var, Vec, VecZero)
 
 PRELUDE = """\
 #include <stdint.h>
@@ -148,6 +148,73 @@ static inline int64_t scorch_sort(int64_t *a, int64_t n) {
 """
 
 
+# Included only by kernels with a SegmentedRows statement (immintrin.h is slow to parse).
+SEGMENTED_PRELUDE = """\
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* Row sums of a CSR level over 32 stored entries (two vectors) at a time, whatever the row
+   lengths (the SegmentedRows statement).  Rows lo..hi-1.  State: r the first unfinished
+   row, q0 the step's first entry, carry row r's sum over earlier steps (lane 0), lprev the
+   lane of the last entry of the row before r when that row ended in this step, else -1.
+   A step: l[k] = lane of row r+k's last entry (k < 16); a segmented inclusive scan (heads
+   at lane 0 and after every row end, so rows never mix: no cancellation between rows, an
+   inf stays in its row) leaves each row's sum at its last lane; one two-vector permute and
+   one masked store write every row that ends in the step.  Sixteen rows ending in one step
+   (short or empty rows): the step is repeated for the next sixteen.  No branch depends on
+   the row lengths otherwise. */
+typedef struct { int64_t r, hi, q0, qend; __m512 carry; int32_t lprev; } scorch_seg;
+static inline scorch_seg scorch_seg_begin(const int32_t *pos, int64_t lo, int64_t hi) {
+  scorch_seg s = {lo, hi, pos[lo], pos[hi], _mm512_setzero_ps(), -1};
+  return s;
+}
+static inline __mmask16 scorch_seg_live(const scorch_seg *s, int half) {  /* lanes holding entries */
+  const int64_t left = s->qend - s->q0 - 16 * half;
+  return left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1u) : (__mmask16)0;
+}
+static inline __m512 scorch_seg_up(__m512 p, const int d) {  /* lane k <- lane k-d, zeros below */
+  return _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(p), _mm512_setzero_si512(), 16 - d));
+}
+static inline __m512 scorch_seg_scan(__m512 p, __mmask16 f) {  /* f: segment heads */
+  p = _mm512_mask_add_ps(p, (__mmask16)~f, p, scorch_seg_up(p, 1)); f |= (__mmask16)(f << 1);
+  p = _mm512_mask_add_ps(p, (__mmask16)~f, p, scorch_seg_up(p, 2)); f |= (__mmask16)(f << 2);
+  p = _mm512_mask_add_ps(p, (__mmask16)~f, p, scorch_seg_up(p, 4)); f |= (__mmask16)(f << 4);
+  return _mm512_mask_add_ps(p, (__mmask16)~f, p, scorch_seg_up(p, 8));
+}
+/* p0, p1: the values of entries q0 .. q0+31 (0 past qend). */
+static inline void scorch_seg_step(scorch_seg *s, __m512 p0, __m512 p1, const int32_t *pos, float *out) {
+  const int64_t rows = s->hi - s->r;
+  const __mmask16 mr = rows >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rows) - 1u);
+  const __m512i l = _mm512_sub_epi32(_mm512_maskz_loadu_epi32(mr, pos + s->r + 1),
+                                     _mm512_set1_epi32((int32_t)(s->q0 + 1)));
+  const __mmask16 ends = _mm512_mask_cmplt_epi32_mask(mr, l, _mm512_set1_epi32(32));
+  const __m512i lp = _mm512_alignr_epi32(l, _mm512_set1_epi32(s->lprev), 15);  /* lane k: l[k-1] */
+  const __m512i bit = _mm512_sllv_epi32(_mm512_set1_epi32(1), _mm512_add_epi32(l, _mm512_set1_epi32(1)));
+  const uint32_t heads = (uint32_t)_mm512_mask_reduce_or_epi32(ends, bit) | 1u
+                         | (uint32_t)(1ull << (s->lprev + 1));
+  const __mmask16 f1 = (__mmask16)(heads >> 16);
+  p0 = scorch_seg_scan(p0, (__mmask16)heads);
+  p1 = scorch_seg_scan(p1, f1);
+  /* the lanes of p1 before its first head continue p0's last segment */
+  p1 = _mm512_mask_add_ps(p1, (__mmask16)((f1 & -f1) - 1u), p1, _mm512_permutexvar_ps(_mm512_set1_epi32(15), p0));
+  __m512 y = _mm512_maskz_permutex2var_ps(_mm512_cmpneq_epi32_mask(l, lp), p0, l, p1);  /* empty rows: 0 */
+  y = _mm512_mask_add_ps(y, 1, y, s->carry);
+  _mm512_mask_storeu_ps(out + s->r, ends, y);
+  const int cnt = __builtin_popcount((unsigned)ends);
+  s->r += cnt;
+  const int32_t e = (int32_t)(pos[s->r] - s->q0 - 1);  /* lane of the last finished row's end */
+  const int32_t last = s->lprev + ((e - s->lprev) & -(int32_t)(cnt != 0));
+  if (cnt == 16) { s->lprev = last; s->carry = _mm512_setzero_ps(); return; }
+  /* row r (unfinished) keeps its carry if no row ended, and adds its entries after `last` */
+  const __mmask16 keep = (__mmask16)-(int32_t)(cnt == 0), more = (__mmask16)-(int32_t)(last < 31);
+  const __m512 c = _mm512_maskz_mov_ps(keep, s->carry);
+  s->carry = _mm512_mask_add_ps(c, more, c, _mm512_permutexvar_ps(_mm512_set1_epi32(15), p1));
+  s->lprev = -1;
+  s->q0 += 32;
+}
+#endif
+"""
+
+
 def expr(e) -> str:
     if isinstance(e, Var):
         return e.name
@@ -198,11 +265,33 @@ def stmt(s, ind: str) -> list[str]:
         return [f"{ind}break;"]
     if isinstance(s, Eval):
         return [f"{ind}{expr(s.value)};"]
+    if isinstance(s, SegmentedRows):
+        return segmented_rows(s, ind)
     if isinstance(s, Parallel):
         return ([f"{ind}#pragma omp parallel num_threads({expr(s.nthreads)})", f"{ind}{{",
                  f"{ind}  int64_t tid = omp_get_thread_num();", f"{ind}  int64_t nthr = omp_get_num_threads();"]
                 + stmt(s.body, ind + "  ") + [f"{ind}}}"])
     raise TypeError(f"codegen: unknown statement {s!r}")
+
+
+def segmented_rows(s: SegmentedRows, ind: str) -> list[str]:
+    """The AVX-512 step loop (``scorch_seg_*`` in SEGMENTED_PRELUDE), the row-wise loop elsewhere."""
+    body = [f"{ind}    __m512 p0_, p1_;"]
+    for h in (0, 1):
+        half = [f"const __mmask16 live_ = scorch_seg_live(&sg_, {h});", f"const int64_t q_ = sg_.q0 + {16 * h};"]
+        if any(kind == "gather" for _, kind, _ in s.loads):
+            half.append(f"const __m512i sj_ = _mm512_maskz_loadu_epi32(live_, {s.crd} + q_);")
+        for name, kind, array in s.loads:
+            load = (f"_mm512_maskz_loadu_ps(live_, {array} + q_)" if kind == "vals" else
+                    f"_mm512_mask_i32gather_ps(_mm512_setzero_ps(), live_, sj_, {array}, 4)")
+            half.append(f"const __m512 {name} = {load};")
+        half.append(f"p{h}_ = {expr(s.value)};")
+        body += [f"{ind}    {{"] + [f"{ind}      {line}" for line in half] + [f"{ind}    }}"]
+    body.append(f"{ind}    scorch_seg_step(&sg_, p0_, p1_, {s.pos}, {s.out});")
+    return (["#if defined(__AVX512F__)", f"{ind}{{",
+             f"{ind}  scorch_seg sg_ = scorch_seg_begin({s.pos}, {expr(s.lo)}, {expr(s.hi)});",
+             f"{ind}  while (sg_.r < sg_.hi) {{"] + body + [f"{ind}  }}", f"{ind}}}", "#else"]
+            + stmt(s.fallback, ind) + ["#endif"])
 
 
 def function(kernel: Kernel) -> str:
@@ -213,4 +302,6 @@ def function(kernel: Kernel) -> str:
 
 def render(*kernels: Kernel) -> str:
     """Complete C source for one or more kernels of one plan."""
-    return "\n".join([PRELUDE] + [function(k) for k in kernels])
+    funcs = [function(k) for k in kernels]
+    extra = [SEGMENTED_PRELUDE] if any("scorch_seg_step" in f for f in funcs) else []
+    return "\n".join([PRELUDE] + extra + funcs)

@@ -174,7 +174,8 @@ def _make_plan(ein, sched, vtype, static, n_init=0) -> Plan:
     else:
         kernels = (lower(sched, vtype, static=static, n_init=n_init),)
         out_fmt = "dense" if sched.output[0] == "dense" else f"sparse, pattern of operand {sched.output[1]}"
-    return Plan(str(ein), sched.loop_order, out_fmt, sched.parallel, sched.notes, codegen.render(*kernels),
+    notes = sched.notes + tuple(n for k in kernels for n in k.notes)
+    return Plan(str(ein), sched.loop_order, out_fmt, sched.parallel, notes, codegen.render(*kernels),
                 schedule=sched, kernels=kernels)
 
 

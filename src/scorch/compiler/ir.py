@@ -221,6 +221,29 @@ class Parallel(Stmt):
 
 
 @dataclass(frozen=True)
+class SegmentedRows(Stmt):
+    """The sums of rows ``lo .. hi-1`` of a CSR level, ``out[r] = sum over q in pos[r] ..
+    pos[r+1]-1 of value(q)``, 32 stored entries per step whatever the row lengths:
+    ``loads`` are ``(name, kind, array)`` triples binding each step's lanes ("vals":
+    ``array[q]``; "gather": ``array[crd[q]]``), ``value`` the per-entry expression over
+    them; a segmented scan sums each row's lanes and every row that ends in the step is
+    stored at once (no branch per row).  Float32 values and int32 indices on AVX-512
+    targets; ``fallback`` (the row-wise loop) is compiled elsewhere."""
+    pos: str
+    crd: str
+    lo: Expr
+    hi: Expr
+    loads: tuple
+    value: Expr
+    out: str
+    fallback: Stmt
+
+    def __str__(self):
+        return (f"segmented rows [{self.lo}, {self.hi}) of {self.pos}: {self.out}[r] = sum {self.value}\n"
+                "else:\n" + _indent(str(self.fallback)))
+
+
+@dataclass(frozen=True)
 class Param:
     """A kernel argument: ``ctype`` is a C type (pointers end in '*')."""
     name: str
@@ -236,6 +259,7 @@ class Kernel:
     writes_every_output: bool = False  # assigns each dense output element once: no zero-fill needed
     uses_workspace: bool = False       # an assembled output's per-thread marks / list / values rows
     fused_init: bool = False           # the output starts from the init operands (bias, root term), not 0
+    notes: tuple = ()                  # strategies worth telling in the plan
 
     def __str__(self):
         sig = ", ".join(f"{p.ctype} {p.name}" for p in self.params)
