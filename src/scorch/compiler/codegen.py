@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .ir import (Addr, Assign, Bin, Block, Break, Call, Cast, Const, Decl, Eval, For, Forever, If, Kernel, Load,
-                 Parallel, Scope, SegmentedRows, Var, Vec, VecZero)
+                 Parallel, SampledDots, Scope, SegmentedRows, Var, Vec, VecZero)
 
 PRELUDE = """\
 #include <stdint.h>
@@ -148,8 +148,8 @@ static inline int64_t scorch_sort(int64_t *a, int64_t n) {
 """
 
 
-# Included only by kernels with a SegmentedRows statement (immintrin.h is slow to parse).
-SEGMENTED_PRELUDE = """\
+# Included only by kernels with a SegmentedRows or SampledDots statement (immintrin.h is slow to parse).
+AVX512_PRELUDE = """\
 #if defined(__AVX512F__)
 #include <immintrin.h>
 /* Row sums of a CSR level over 32 stored entries (two vectors) at a time, whatever the row
@@ -211,6 +211,53 @@ static inline void scorch_seg_step(scorch_seg *s, __m512 p0, __m512 p1, const in
   s->lprev = -1;
   s->q0 += 32;
 }
+/* SDDMM across row ends (the SampledDots statement): entries q0 .. q0+15 of rows [*r, hi).
+   rowv[u] = the row of entry q0+u (binary search of the rows' ends in every lane at once),
+   colv[u] = its coordinate; lanes past qe, or whose row is beyond the sixteen row ends
+   looked at (more than fifteen rows end among these entries: empty or one-entry rows),
+   get 0 (a valid row, never stored).  Returns the lanes to store; *step: how many
+   entries this resolved (16, or up to the first unresolved lane, at least 1). */
+static inline __mmask16 scorch_sampled_window(const int32_t *pos, const int32_t *crd, int64_t *r, int64_t hi,
+                                              int64_t q0, int64_t qe, int32_t *rowv, int32_t *colv,
+                                              int64_t *step) {
+  while (pos[*r + 1] <= q0) (*r)++;  /* row *r holds entry q0 */
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const int64_t rows = hi - *r;
+  const __mmask16 mr = rows >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rows) - 1u);
+  /* lp[k]: the first lane after row *r+k (rows past hi: never) */
+  const __m512i lp = _mm512_mask_sub_epi32(_mm512_set1_epi32(0x7fffffff), mr,
+                                           _mm512_maskz_loadu_epi32(mr, pos + *r + 1), _mm512_set1_epi32((int32_t)q0));
+  __m512i c = _mm512_setzero_si512();  /* c[u] = #rows k with lp[k] <= u */
+  for (int s = 8; s >= 1; s >>= 1) {
+    const __m512i t = _mm512_permutexvar_epi32(_mm512_add_epi32(c, _mm512_set1_epi32(s - 1)), lp);
+    c = _mm512_mask_add_epi32(c, _mm512_cmple_epi32_mask(t, lane), c, _mm512_set1_epi32(s));
+  }
+  c = _mm512_mask_add_epi32(c, _mm512_cmple_epi32_mask(_mm512_permutexvar_epi32(c, lp), lane), c, _mm512_set1_epi32(1));
+  const __mmask16 done = _mm512_cmplt_epi32_mask(c, _mm512_set1_epi32(16));
+  const int64_t left = qe - q0;
+  const __mmask16 live = done & (left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u));
+  _mm512_storeu_si512(rowv, _mm512_maskz_mov_epi32(live, _mm512_add_epi32(c, _mm512_set1_epi32((int32_t)*r))));
+  _mm512_storeu_si512(colv, _mm512_maskz_loadu_epi32(live, crd + q0));
+  *step = __builtin_ctz((unsigned)~done | 0x10000u);
+  return live;
+}
+static inline __m512 scorch_pairsum(__m512 a, __m512 b, __m512i lo, __m512i hi) {
+  return _mm512_add_ps(_mm512_permutex2var_ps(a, lo, b), _mm512_permutex2var_ps(a, hi, b));
+}
+/* Lane u of the result: the sum of the lanes of p[u] (a 16-to-1 shuffle tree, 30 shuffles). */
+static inline __m512 scorch_hsum16(const __m512 *p) {
+  const __m512i a0 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+  const __m512i b0 = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+  const __m512i c0 = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
+  const __m512i d0 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i a1 = _mm512_add_epi32(a0, _mm512_set1_epi32(8)), b1 = _mm512_add_epi32(b0, _mm512_set1_epi32(4));
+  const __m512i c1 = _mm512_add_epi32(c0, _mm512_set1_epi32(2)), d1 = _mm512_add_epi32(d0, _mm512_set1_epi32(1));
+  __m512 w[8], x[4], y[2];
+  _Pragma("GCC unroll 8") for (int a = 0; a < 8; a++) w[a] = scorch_pairsum(p[2 * a], p[2 * a + 1], a0, a1);
+  _Pragma("GCC unroll 4") for (int a = 0; a < 4; a++) x[a] = scorch_pairsum(w[2 * a], w[2 * a + 1], b0, b1);
+  _Pragma("GCC unroll 2") for (int a = 0; a < 2; a++) y[a] = scorch_pairsum(x[2 * a], x[2 * a + 1], c0, c1);
+  return scorch_pairsum(y[0], y[1], d0, d1);
+}
 #endif
 """
 
@@ -267,6 +314,8 @@ def stmt(s, ind: str) -> list[str]:
         return [f"{ind}{expr(s.value)};"]
     if isinstance(s, SegmentedRows):
         return segmented_rows(s, ind)
+    if isinstance(s, SampledDots):
+        return sampled_dots(s, ind)
     if isinstance(s, Parallel):
         return ([f"{ind}#pragma omp parallel num_threads({expr(s.nthreads)})", f"{ind}{{",
                  f"{ind}  int64_t tid = omp_get_thread_num();", f"{ind}  int64_t nthr = omp_get_num_threads();"]
@@ -275,7 +324,7 @@ def stmt(s, ind: str) -> list[str]:
 
 
 def segmented_rows(s: SegmentedRows, ind: str) -> list[str]:
-    """The AVX-512 step loop (``scorch_seg_*`` in SEGMENTED_PRELUDE), the row-wise loop elsewhere."""
+    """The AVX-512 step loop (``scorch_seg_*`` in AVX512_PRELUDE), the row-wise loop elsewhere."""
     body = [f"{ind}    __m512 p0_, p1_;"]
     for h in (0, 1):
         half = [f"const __mmask16 live_ = scorch_seg_live(&sg_, {h});", f"const int64_t q_ = sg_.q0 + {16 * h};"]
@@ -294,6 +343,54 @@ def segmented_rows(s: SegmentedRows, ind: str) -> list[str]:
             + stmt(s.fallback, ind) + ["#endif"])
 
 
+def sampled_dots(s: SampledDots, ind: str) -> list[str]:
+    """The AVX-512 sixteen-entry step loop (``scorch_sampled_window``, ``scorch_hsum16``), the
+    row-wise loop elsewhere."""
+    i2 = ind + "    "
+    lane = [f"{i2}  const float *f{n}_ = {a}" + (f" + (int64_t){'rowv_' if by == 'row' else 'colv_'}[u_] * {st};"
+                                                if by != "k" else ";") for n, (a, by, st) in enumerate(s.factors)]
+    cols = [(n, a, st) for n, (a, by, st) in enumerate(s.factors) if by == "col"]
+    ahead = [f"{i2}  if (q0_ + 32 + u_ < {s.ncrd}) {{",
+             f"{i2}    const int64_t ja_ = (int64_t){s.crd}[q0_ + 32 + u_];"]
+    ahead += [f"{i2}    for (int m_ = 0; m_ < {s.nvec}; m_++) __builtin_prefetch({a} + ja_ * {st} + 16 * m_);"
+              for _, a, st in cols]
+    ahead.append(f"{i2}  }}")
+
+    def load(n, m):
+        return f"_mm512_loadu_ps(f{n}_ + {m})"
+
+    def term(m):
+        loads = [load(n, m) for n in range(len(s.factors))]
+        prod = loads[0]
+        for x in loads[1:-1]:
+            prod = f"_mm512_mul_ps({prod}, {x})"
+        return prod, loads[-1] if len(loads) > 1 else None
+    first, last = term("0")
+    acc = [f"{i2}  __m512 acc_ = " + (f"_mm512_mul_ps({first}, {last});" if last else f"{first};")]
+    if s.nvec > 1:
+        prod, last = term("16 * m_")
+        step = f"_mm512_fmadd_ps({prod}, {last}, acc_)" if last else f"_mm512_add_ps(acc_, {prod})"
+        acc.append(f"{i2}  for (int m_ = 1; m_ < {s.nvec}; m_++) acc_ = {step};")
+    scale = "d_"
+    for v in s.scales:
+        scale = f"_mm512_mul_ps({scale}, _mm512_maskz_loadu_ps(live_, {v} + q0_))"
+    return (["#if defined(__AVX512F__)", f"{ind}{{",
+             f"{ind}  int64_t q0_ = {s.pos}[{expr(s.lo)}], r_ = {expr(s.lo)}, step_;",
+             f"{ind}  const int64_t qe_ = {s.pos}[{expr(s.hi)}];",
+             f"{ind}  while (q0_ < qe_) {{",
+             f"{ind}    int32_t rowv_[16], colv_[16];",
+             f"{ind}    const __mmask16 live_ = scorch_sampled_window({s.pos}, {s.crd}, &r_, {expr(s.hi)}, q0_, qe_, "
+             "rowv_, colv_, &step_);",
+             f"{ind}    __m512 p_[16];",
+             f"{ind}    #pragma GCC unroll 16",
+             f"{ind}    for (int u_ = 0; u_ < 16; u_++) {{"] + (ahead if cols else []) + lane + acc
+            + [f"{i2}  p_[u_] = acc_;", f"{i2}}}",
+               f"{ind}    const __m512 d_ = scorch_hsum16(p_);",
+               f"{ind}    _mm512_mask_storeu_ps({s.out} + q0_, live_, {scale});",
+               f"{ind}    q0_ += step_;", f"{ind}  }}", f"{ind}}}", "#else"]
+            + stmt(s.fallback, ind) + ["#endif"])
+
+
 def function(kernel: Kernel) -> str:
     params = ", ".join(f"{p.ctype}restrict {p.name}" if p.ctype.endswith("*") else f"{p.ctype} {p.name}"
                        for p in kernel.params)
@@ -303,5 +400,5 @@ def function(kernel: Kernel) -> str:
 def render(*kernels: Kernel) -> str:
     """Complete C source for one or more kernels of one plan."""
     funcs = [function(k) for k in kernels]
-    extra = [SEGMENTED_PRELUDE] if any("scorch_seg_step" in f for f in funcs) else []
+    extra = [AVX512_PRELUDE] if any("scorch_seg_step" in f or "scorch_sampled_" in f for f in funcs) else []
     return "\n".join([PRELUDE] + extra + funcs)

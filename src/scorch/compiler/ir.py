@@ -244,6 +244,33 @@ class SegmentedRows(Stmt):
 
 
 @dataclass(frozen=True)
+class SampledDots(Stmt):
+    """SDDMM over the entries of rows ``lo .. hi-1`` of a CSR level, sixteen entries per step
+    across row ends: ``out[q] = scale(q) * sum over k < 16*nvec of prod(factor rows)``.
+    ``factors``: ``(array, by, stride)`` with ``by`` "row" (``array[i*stride + k]``), "col"
+    (``array[j*stride + k]``, prefetched ahead) or "k" (``array[k]``); ``scales``: value
+    arrays read at ``q`` (the sparse operand's values).  Each lane's row comes from a vector
+    binary search of the step's row ends, the sixteen dot products are reduced together by
+    one shuffle tree and stored with one vector store.  Float32 values and int32 indices on
+    AVX-512 targets; ``fallback`` (the row-wise loop) is compiled elsewhere."""
+    pos: str
+    crd: str
+    lo: Expr
+    hi: Expr
+    nvec: int
+    factors: tuple
+    scales: tuple
+    out: str
+    ncrd: str
+    fallback: Stmt
+
+    def __str__(self):
+        fs = " * ".join(f"{a}[{by}]" for a, by, _ in self.factors)
+        return (f"sampled dots [{self.lo}, {self.hi}) of {self.pos}: {self.out}[q] = {' * '.join(self.scales) or 1}"
+                f" * sum_k {fs}\nelse:\n" + _indent(str(self.fallback)))
+
+
+@dataclass(frozen=True)
 class Param:
     """A kernel argument: ``ctype`` is a C type (pointers end in '*')."""
     name: str

@@ -26,7 +26,7 @@ Only level capabilities (``kind``) are consulted, never format names.
 from __future__ import annotations
 
 from .ir import (Addr, Assign, Bin, Block, Break, Call, Cast, Const, Decl, Eval, For, Forever, If, Kernel, Param,
-                 Parallel, Scope, SegmentedRows, Var, Vec, VecZero)
+                 Parallel, SampledDots, Scope, SegmentedRows, Var, Vec, VecZero)
 from .lattice import lattice, needs_every_coordinate
 from .notation import Access, Neg, Op, Zero, accesses
 from .schedule import Schedule
@@ -172,10 +172,15 @@ class _Lowerer:
         body = self.row_start(st) if not self.rows else []
         body += self.loop(0, s.expr, st)
         notes = ()
-        if body and isinstance(body[-1], For) and body[-1].lo == _C("lo_t") and self._segmented() is not None:
-            body[-1] = self._segmented_rows(body[-1])
-            notes = ("rows summed 32 stored entries at a time by a segmented scan (AVX-512 builds; "
-                     "the row-wise loop otherwise)",)
+        if body and isinstance(body[-1], For) and body[-1].lo == _C("lo_t"):
+            if self._segmented() is not None:
+                body[-1] = self._segmented_rows(body[-1])
+                notes = ("rows summed 32 stored entries at a time by a segmented scan (AVX-512 builds; "
+                         "the row-wise loop otherwise)",)
+            elif self._sampled() is not None:
+                body[-1] = self._sampled_dots(body[-1])
+                notes = ("sampled dot products 16 entries at a time across row ends, reduced by one shuffle "
+                         "tree (AVX-512 builds; the row-wise loop otherwise)",)
         body += self.row_end(st) if not self.rows else []
         if s.parallel == "serial" or (s.output[0] == "assemble" and not self.rows):
             body = [If(_C("tid").eq(Const(0)), Block(tuple(body)))]
@@ -232,6 +237,54 @@ class _Lowerer:
         return SegmentedRows(f"pos{t}_1", f"crd{t}_1", loop.lo, loop.hi,
                              tuple((f"v{u}", kind, names[u]) for u, kind in sorted(loads.items())), value, "outp",
                              loop)
+
+    def _sampled(self):
+        """``(factors, scales)`` when the loop nest is an SDDMM over one CSR level that
+        SampledDots can run (``out[q] = A[i,j] * sum_k X[i,k] * Y[j,k] ...`` in A's pattern):
+        float32, int32 indices, a product of A's values and dense operands indexed ``(i,k)``,
+        ``(j,k)`` or ``(k,)`` with unit stride along ``k``, ``k`` a multiple of 16 up to 256;
+        None otherwise.  Rows of a few entries (4.5 per row on the citation graphs) leave the
+        row-wise loop's four-entry batches mostly empty; sixteen entries across rows fill them."""
+        s = self.s
+        if not (self.phase == "compute" and self.vtype == "float" and s.output[0] == "pattern" and not self.n_init
+                and s.parallel == "rows" and not s.splits and len(s.loop_order) == 3):
+            return None
+        i, j, k = s.loop_order
+        if not (k in self.static and self.static[k] % 16 == 0 and 16 <= self.static[k] <= 256):
+            return None
+        t = s.output[1]
+        a = s.operands[t]
+        if a.index_ctype != "int32_t" or tuple(a.level_vars()) != (i, j) \
+                or [lv.kind for lv in a.fmt.levels] != ["dense", "compressed"]:
+            return None
+        factors, scales = [], []
+        stack = [s.expr]
+        while stack:
+            e = stack.pop()
+            if isinstance(e, Op) and e.op == "*":
+                stack += [e.b, e.a]
+                continue
+            if not isinstance(e, Access):
+                return None
+            op = s.operands[e.operand]
+            if e.operand == t:
+                scales.append(f"vals{t}")
+            elif op.sparse or not op.unit_stride:
+                return None
+            elif tuple(e.indices) in ((i, k), (j, k)):
+                factors.append((f"d{e.operand}", "row" if e.indices[0] == i else "col", f"s{e.operand}_0"))
+            elif tuple(e.indices) == (k,):
+                factors.append((f"d{e.operand}", "k", None))
+            else:
+                return None
+        return (tuple(factors), tuple(scales)) if factors else None
+
+    def _sampled_dots(self, loop: For) -> SampledDots:
+        factors, scales = self._sampled()
+        t = self.s.output[1]
+        self.crd_lengths.add((t, 1))
+        return SampledDots(f"pos{t}_1", f"crd{t}_1", loop.lo, loop.hi, self.static[self.s.loop_order[2]] // 16,
+                           factors, scales, "outp", f"ncrd{t}_1", loop)
 
     def prelude(self):
         vt, s = self.vtype, self.s

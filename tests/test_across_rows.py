@@ -1,8 +1,10 @@
-"""Row sums over a CSR level by a segmented scan (SpMV, row sums: ``SegmentedRows``).
+"""Kernels that step over a CSR level's entries across row ends (AVX-512 builds).
 
-The oracle is the sum written out entry by entry in plain torch (``index_add_`` of
-``vals * x[col]`` into the rows), in float64: unlike ``dense @ x`` it keeps a row's inf
-in that row, and it is independent of the kernel's 32-entry steps."""
+SpMV and row sums (``SegmentedRows``: a segmented scan over 32 entries per step) and SDDMM
+(``SampledDots``: sixteen entries per step, each lane's row found by a vector binary
+search).  Oracles are written out entry by entry in plain torch, in float64 (``index_add_``
+of ``vals * x[col]`` into the rows: unlike ``dense @ x`` it keeps a row's inf in that row;
+``vals * (Q[row] * K[col]).sum(1)``), independent of the kernels' steps."""
 
 import pytest
 import torch
@@ -27,10 +29,13 @@ def csr(lengths, ncols=128, seed=0, dtype=torch.float32):
     return torch.sparse_csr_tensor(crow, col, vals, (len(lengths), ncols), check_invariants=True)
 
 
+def rows_of(T):
+    return torch.repeat_interleave(torch.arange(T.shape[0]), torch.diff(T.crow_indices().long()))
+
+
 def oracle(T, *vectors):
     """out[r] = sum over the row's entries of vals * v1[col] * v2[col] ..., in float64."""
-    rows = torch.repeat_interleave(torch.arange(T.shape[0]), torch.diff(T.crow_indices().long()))
-    col = T.col_indices().long()
+    rows, col = rows_of(T), T.col_indices().long()
     prod = T.values().double()
     for v in vectors:
         prod = prod * v.double()[col]
@@ -123,3 +128,71 @@ def test_strided_vector_and_bias_keep_the_row_wise_loop():
     x = torch.randn(256)[::2]          # not unit stride: no gather by coordinate alone
     assert "scorch_seg_step" not in scorch.explain("ij,j->i", A, x).source
     torch.testing.assert_close(scorch.einsum("ij,j->i", A, x).double(), oracle(T, x), atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ SDDMM (SampledDots)
+
+LENGTHS = [
+    [], [0, 0, 0], [5], [16], [17], [100],
+    [1] * 40,                             # more than fifteen rows end among sixteen entries
+    [0] * 20 + [3] + [0] * 20,
+    [1, 0] * 30 + [31, 1, 0, 0, 2],
+    [16, 16, 0, 32, 31, 1, 0, 33, 15, 17],
+]
+
+
+def sddmm_oracle(T, Q, K, *extra):
+    rows, col = rows_of(T), T.col_indices().long()
+    prod = Q.double()[rows] * K.double()[col]
+    for e in extra:
+        prod = prod * e.double()
+    return T.values().double() * prod.sum(1)
+
+
+@pytest.mark.parametrize("lengths", LENGTHS)
+@pytest.mark.parametrize("k", [16, 64])
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_sddmm_matches_the_entrywise_dots(lengths, k, nthreads, monkeypatch):
+    monkeypatch.setattr(build, "threads_for", lambda work: nthreads)
+    T = csr(lengths, seed=len(lengths))
+    g = torch.Generator().manual_seed(k)
+    Q, K = torch.randn(len(lengths), k, generator=g), torch.randn(128, k, generator=g)
+    A = scorch.as_sparse(T)
+    assert "scorch_sampled_window" in scorch.explain("ij,ik,jk->ij", A, Q, K).source
+    got = scorch.einsum("ij,ik,jk->ij", A, Q, K)
+    assert scorch.is_sparse(got) and got.nnz == T.values().numel()
+    torch.testing.assert_close(got.values().double(), sddmm_oracle(T, Q, K), atol=1e-4, rtol=1e-5)
+
+
+@given(st.lists(st.integers(0, 40), max_size=60), st.sampled_from([16, 32, 48, 128]), st.integers(1, 3),
+       st.integers(0, 2**16))
+def test_sddmm_any_row_lengths(lengths, k, nthreads, seed):
+    T = csr(lengths, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    Q, K = torch.randn(len(lengths), k, generator=g), torch.randn(128, k, generator=g)
+    from unittest import mock
+    with mock.patch.object(build, "threads_for", lambda work: nthreads):
+        got = scorch.einsum("ij,ik,jk->ij", scorch.as_sparse(T), Q, K)
+    torch.testing.assert_close(got.values().double(), sddmm_oracle(T, Q, K), atol=1e-4, rtol=1e-5)
+
+
+def test_sddmm_three_factors_and_strided_rows():
+    T = csr([3, 0, 40, 1, 17, 2] * 7, seed=5)
+    g = torch.Generator().manual_seed(1)
+    Q = torch.randn(T.shape[0], 48, generator=g)
+    K = torch.randn(128, 80, generator=g)[:, 16:64]      # row stride 80, unit stride along k
+    w = torch.randn(48, generator=g)
+    A = scorch.as_sparse(T)
+    assert "scorch_sampled_window" in scorch.explain("ij,ik,jk,k->ij", A, Q, K, w).source
+    got = scorch.einsum("ij,ik,jk,k->ij", A, Q, K, w)
+    torch.testing.assert_close(got.values().double(), sddmm_oracle(T, Q, K, w), atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("k", [8, 24])
+def test_sddmm_other_widths_keep_the_row_wise_loop(k):
+    T = csr([3, 0, 40, 1, 17], seed=6)
+    Q, K = torch.randn(5, k), torch.randn(128, k)
+    A = scorch.as_sparse(T)
+    assert "scorch_sampled_window" not in scorch.explain("ij,ik,jk->ij", A, Q, K).source
+    got = scorch.einsum("ij,ik,jk->ij", A, Q, K)
+    torch.testing.assert_close(got.values().double(), sddmm_oracle(T, Q, K), atol=1e-4, rtol=1e-5)
