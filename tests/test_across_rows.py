@@ -196,3 +196,26 @@ def test_sddmm_other_widths_keep_the_row_wise_loop(k):
     assert "scorch_sampled_window" not in scorch.explain("ij,ik,jk->ij", A, Q, K).source
     got = scorch.einsum("ij,ik,jk->ij", A, Q, K)
     torch.testing.assert_close(got.values().double(), sddmm_oracle(T, Q, K), atol=1e-4, rtol=1e-5)
+
+
+@pytest.fixture
+def without_avx512(monkeypatch):
+    """Kernels compiled with ``-mno-avx512f``: the ``#else`` (row-wise) paths."""
+    from scorch.compiler import driver
+
+    def clear():
+        driver._PLANS.clear(), driver._BOUND.clear()
+    clear()
+    monkeypatch.setenv("SCORCH_CFLAGS", "-mno-avx512f")
+    yield
+    clear()
+
+
+def test_row_wise_paths_without_avx512(without_avx512):
+    T = csr([1] * 20 + [0, 3, 40, 0, 17, 2], seed=7)
+    A = scorch.as_sparse(T)
+    x = torch.randn(128)
+    torch.testing.assert_close(scorch.einsum("ij,j->i", A, x).double(), oracle(T, x), atol=1e-5, rtol=1e-5)
+    Q, K = torch.randn(T.shape[0], 32), torch.randn(128, 32)
+    got = scorch.einsum("ij,ik,jk->ij", A, Q, K)
+    torch.testing.assert_close(got.values().double(), sddmm_oracle(T, Q, K), atol=1e-4, rtol=1e-5)

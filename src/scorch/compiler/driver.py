@@ -388,7 +388,7 @@ class _Bound:
             result = out.sum(0) if copies > 1 else out
         else:
             src = ops[self.pattern]
-            out = torch.zeros(src._values.numel(), dtype=self.cdtype)
+            out = self.alloc(src._values.numel(), dtype=self.cdtype)
             args[self.out_slot] = out.data_ptr()
             self.fn(*args)
             result = SparseTensor(src._format, src._shape, src._pos, src._crd, out, nnz=src._nnz)
@@ -515,15 +515,15 @@ def _run(plan: Plan, ein: Einsum, ops, cdtype, init=()):
     out_shape = tuple(size[c] for c in ein.output)
     work = [ops[k]._nnz * f for k, f in _work_factors(ein, ops)]
     nthreads = build.threads_for(max(work) if work else 0)
+    alloc = torch.empty if plan.kernels[0].writes_every_output else torch.zeros
     if sched.output[0] == "dense":
         copies = nthreads if sched.parallel == "buffers" else 1
-        alloc = torch.empty if plan.kernels[0].writes_every_output else torch.zeros
         out = alloc((copies,) + out_shape, dtype=cdtype)
         _call(plan, plan.kernels[0], ops, size, cdtype, {"nthreads": nthreads, "out": out, "init": init})
         return out.sum(0) if copies > 1 else out[0]
     if sched.output[0] == "pattern":
         src = ops[sched.output[1]]
-        out = torch.zeros(src.values().numel(), dtype=cdtype)
+        out = alloc(src.values().numel(), dtype=cdtype)
         _call(plan, plan.kernels[0], ops, size, cdtype, {"nthreads": nthreads, "out": out})
         return SparseTensor(src.format, src.shape, src._pos, src._crd, out, nnz=src.nnz)
     return _assemble(plan, ops, size, cdtype, nthreads, out_shape)

@@ -171,7 +171,7 @@ class _Lowerer:
         st = _State({t: 0 for t in sparse}, {t: Const(0) for t in sparse}, set(), {})
         body = self.row_start(st) if not self.rows else []
         body += self.loop(0, s.expr, st)
-        notes = ()
+        notes, every = (), self.assign_once or self.acc_once
         if body and isinstance(body[-1], For) and body[-1].lo == _C("lo_t"):
             if self._segmented() is not None:
                 body[-1] = self._segmented_rows(body[-1])
@@ -179,6 +179,7 @@ class _Lowerer:
                          "the row-wise loop otherwise)",)
             elif self._sampled() is not None:
                 body[-1] = self._sampled_dots(body[-1])
+                every = True  # every entry of the pattern, on either path (the fallback zeroes its range)
                 notes = ("sampled dot products 16 entries at a time across row ends, reduced by one shuffle "
                          "tree (AVX-512 builds; the row-wise loop otherwise)",)
         body += self.row_end(st) if not self.rows else []
@@ -188,7 +189,7 @@ class _Lowerer:
         params = self.params + tuple(Param(f"ncrd{t}_{k}", "int64_t", ("ncrd", t, k))
                                      for t, k in sorted(self.crd_lengths))
         return Kernel(name, params, Block((Parallel(Block(tuple(self.prelude()) + tuple(body)),
-                                                         _C("nthreads")),)), self.assign_once or self.acc_once,
+                                                         _C("nthreads")),)), every,
                       uses_workspace=self.phase in ("count", "fill") and not self.in_order,
                       fused_init=self.n_init > 0, notes=notes)
 
@@ -283,8 +284,11 @@ class _Lowerer:
         factors, scales = self._sampled()
         t = self.s.output[1]
         self.crd_lengths.add((t, 1))
+        pos = _C(f"pos{t}_1")
+        zero = For("q_", Cast("int64_t", pos[loop.lo]), Cast("int64_t", pos[loop.hi]),
+                   Block((Assign(_C("outp")[_C("q_")], Const(0.0)),)), simd=True)
         return SampledDots(f"pos{t}_1", f"crd{t}_1", loop.lo, loop.hi, self.static[self.s.loop_order[2]] // 16,
-                           factors, scales, "outp", f"ncrd{t}_1", loop)
+                           factors, scales, "outp", f"ncrd{t}_1", Block((zero, loop)))
 
     def prelude(self):
         vt, s = self.vtype, self.s
