@@ -20,6 +20,14 @@ dense (``outp[...] +=``), an operand's pattern (``outp[pos] +=``), or a new
 pattern assembled row by row through a dense workspace in two phases
 ("count": nonzeros per row; "fill": coordinates and values).
 
+Two loop nests over a CSR level also get a form that steps over the level's entries
+across row ends (AVX-512 builds; the row-wise nest is kept under ``#else``): a row sum
+(SpMV, ``ij->i``) becomes a segmented scan over 32 entries per step
+(:class:`~scorch.compiler.ir.SegmentedRows`), an SDDMM into the operand's pattern becomes
+sixteen dot products per step reduced by one shuffle tree
+(:class:`~scorch.compiler.ir.SampledDots`).  On graphs with a few entries per row the
+row-wise loops pay a mispredicted branch and a horizontal sum per row.
+
 Only level capabilities (``kind``) are consulted, never format names.
 """
 
