@@ -5,7 +5,7 @@ from __future__ import annotations
 from .ir import (Addr, Assign, Bin, Block, Break, Call, Cast, Const, Decl, Eval, For, Forever, If, Kernel, Load,
                  Parallel, SampledDots, Scope, SegmentedRows, Var, Vec, VecZero)
 
-PRELUDE = """\
+BASE_PRELUDE = """\
 #include <stdint.h>
 #include <math.h>
 #include <omp.h>
@@ -23,96 +23,6 @@ static inline int64_t scorch_lower_bound(const void *pos, int wide, int64_t n, i
 
 #define SCORCH_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define SCORCH_MAX(a, b) ((a) > (b) ? (a) : (b))
-
-
-/* 64-byte vectors (GCC/Clang vector extensions), unaligned access allowed. */
-typedef float scorch_vec_float __attribute__((vector_size(64), aligned(4)));
-typedef double scorch_vec_double __attribute__((vector_size(64), aligned(8)));
-/* Horizontal sums by halving (a lane-by-lane loop costs ~16 dependent adds per call). */
-static inline float scorch_hsum_float(scorch_vec_float v) {
-  typedef float v8 __attribute__((vector_size(32)));
-  typedef float v4 __attribute__((vector_size(16)));
-  v8 a, b; __builtin_memcpy(&a, &v, 32); __builtin_memcpy(&b, (char *)&v + 32, 32); a += b;
-  v4 c, d; __builtin_memcpy(&c, &a, 16); __builtin_memcpy(&d, (char *)&a + 16, 16); c += d;
-  return (c[0] + c[2]) + (c[1] + c[3]);
-}
-static inline double scorch_hsum_double(scorch_vec_double v) {
-  typedef double v4 __attribute__((vector_size(32)));
-  typedef double v2 __attribute__((vector_size(16)));
-  v4 a, b; __builtin_memcpy(&a, &v, 32); __builtin_memcpy(&b, (char *)&v + 32, 32); a += b;
-  v2 c, d; __builtin_memcpy(&c, &a, 16); __builtin_memcpy(&d, (char *)&a + 16, 16); c += d;
-  return c[0] + c[1];
-}
-
-/* exp of 16 floats at once, in vector registers (libm's expf is a call per element without
-   -ffast-math, and a scalar bit cast stops gcc's vectoriser): 2^n * p(r), x = n ln2 + r,
-   |r| <= ln2/2, p a degree-6 polynomial (Cephes expf), ~1 ulp.  exp(-inf) = 0, NaN stays
-   NaN, arguments past +-87 saturate.  scorch_exp_float is the same formula for one float. */
-typedef int32_t scorch_vec_int __attribute__((vector_size(64), aligned(4)));
-#define SCORCH_SEL(mask, a, b) \
-  ((scorch_vec_float)(((mask) & (scorch_vec_int)(a)) | (~(mask) & (scorch_vec_int)(b))))
-static inline scorch_vec_float scorch_exp_vec_float(scorch_vec_float x) {
-  const scorch_vec_float zero = {0};
-  scorch_vec_float c = SCORCH_SEL(x < -88.0f, zero - 88.0f, x);
-  c = SCORCH_SEL(c > 88.0f, zero + 88.0f, c);
-  scorch_vec_float t = c * 1.44269504088896341f + 0.5f;
-  scorch_vec_int ti = __builtin_convertvector(t, scorch_vec_int);
-  ti = ti + (__builtin_convertvector(ti, scorch_vec_float) > t);   /* floor (a true compare is -1) */
-  scorch_vec_float n = __builtin_convertvector(ti, scorch_vec_float);
-  scorch_vec_float r = c - n * 0.693359375f + n * 2.12194440e-4f;
-  scorch_vec_float p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  scorch_vec_float y = SCORCH_SEL(x < -87.0f, zero, p * (scorch_vec_float)((ti + 127) << 23));
-  return SCORCH_SEL(x != x, x, y);
-}
-static inline float scorch_exp_float(float x) {
-  scorch_vec_float v = {x};
-  return scorch_exp_vec_float(v)[0];
-}
-static inline double scorch_exp_double(double x) { return exp(x); }
-
-/* Four horizontal sums at once: s[u] = sum of the lanes of p<u>.  Halving the four vectors
-   together (shuffles pair them up) costs about as much as one scorch_hsum. */
-#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
-#define SCORCH_SHUF __builtin_shufflevector
-static inline void scorch_hsum4_float(scorch_vec_float p0, scorch_vec_float p1, scorch_vec_float p2,
-                                      scorch_vec_float p3, float *s) {
-  scorch_vec_float a = SCORCH_SHUF(p0, p1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
-                     + SCORCH_SHUF(p0, p1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  scorch_vec_float b = SCORCH_SHUF(p2, p3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
-                     + SCORCH_SHUF(p2, p3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  scorch_vec_float c = SCORCH_SHUF(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
-                     + SCORCH_SHUF(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  scorch_vec_float d = SCORCH_SHUF(c, c, 0, 1, 4, 5, 8, 9, 12, 13, 0, 1, 4, 5, 8, 9, 12, 13)
-                     + SCORCH_SHUF(c, c, 2, 3, 6, 7, 10, 11, 14, 15, 2, 3, 6, 7, 10, 11, 14, 15);
-  scorch_vec_float e = SCORCH_SHUF(d, d, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6)
-                     + SCORCH_SHUF(d, d, 1, 3, 5, 7, 1, 3, 5, 7, 1, 3, 5, 7, 1, 3, 5, 7);
-  s[0] = e[0]; s[1] = e[1]; s[2] = e[2]; s[3] = e[3];
-}
-static inline void scorch_hsum4_double(scorch_vec_double p0, scorch_vec_double p1, scorch_vec_double p2,
-                                       scorch_vec_double p3, double *s) {
-  scorch_vec_double a = SCORCH_SHUF(p0, p1, 0, 1, 2, 3, 8, 9, 10, 11) + SCORCH_SHUF(p0, p1, 4, 5, 6, 7, 12, 13, 14, 15);
-  scorch_vec_double b = SCORCH_SHUF(p2, p3, 0, 1, 2, 3, 8, 9, 10, 11) + SCORCH_SHUF(p2, p3, 4, 5, 6, 7, 12, 13, 14, 15);
-  scorch_vec_double c = SCORCH_SHUF(a, b, 0, 1, 4, 5, 8, 9, 12, 13) + SCORCH_SHUF(a, b, 2, 3, 6, 7, 10, 11, 14, 15);
-  scorch_vec_double d = SCORCH_SHUF(c, c, 0, 2, 4, 6, 0, 2, 4, 6) + SCORCH_SHUF(c, c, 1, 3, 5, 7, 1, 3, 5, 7);
-  s[0] = d[0]; s[1] = d[1]; s[2] = d[2]; s[3] = d[3];
-}
-#else
-static inline void scorch_hsum4_float(scorch_vec_float p0, scorch_vec_float p1, scorch_vec_float p2,
-                                      scorch_vec_float p3, float *s) {
-  s[0] = scorch_hsum_float(p0); s[1] = scorch_hsum_float(p1); s[2] = scorch_hsum_float(p2);
-  s[3] = scorch_hsum_float(p3);
-}
-static inline void scorch_hsum4_double(scorch_vec_double p0, scorch_vec_double p1, scorch_vec_double p2,
-                                       scorch_vec_double p3, double *s) {
-  s[0] = scorch_hsum_double(p0); s[1] = scorch_hsum_double(p1); s[2] = scorch_hsum_double(p2);
-  s[3] = scorch_hsum_double(p3);
-}
-#endif
 
 /* Sort a[0..n) ascending (insertion sort for short rows, heap sort otherwise); returns n. */
 static inline int64_t scorch_sort(int64_t *a, int64_t n) {
@@ -146,6 +56,110 @@ static inline int64_t scorch_sort(int64_t *a, int64_t n) {
   return n;
 }
 """
+
+
+def prelude(vbytes: int) -> str:
+    """The helpers every kernel may use, vector types ``vbytes`` wide (the target's widest
+    registers, :func:`build.vector_bytes`: a wider GCC vector is split into pieces kept on the stack)."""
+    return "\n".join([BASE_PRELUDE, f"#define SCORCH_VB {vbytes}", VECTOR_TYPES, _hsum("float", vbytes),
+                      _hsum("double", vbytes), EXP_PRELUDE,
+                      "#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)",
+                      "#define SCORCH_SHUF __builtin_shufflevector", _hsum4("float", vbytes // 4),
+                      _hsum4("double", vbytes // 8), "#else", HSUM4_FALLBACK + "#endif", ""])
+
+
+VECTOR_TYPES = """\
+/* SCORCH_VB-byte vectors (GCC/Clang vector extensions), unaligned access allowed. */
+typedef float scorch_vec_float __attribute__((vector_size(SCORCH_VB), aligned(4)));
+typedef double scorch_vec_double __attribute__((vector_size(SCORCH_VB), aligned(8)));"""
+
+EXP_PRELUDE = """\
+/* exp of a vector of floats at once, in vector registers (libm's expf is a call per element without
+   -ffast-math, and a scalar bit cast stops gcc's vectoriser): 2^n * p(r), x = n ln2 + r,
+   |r| <= ln2/2, p a degree-6 polynomial (Cephes expf), ~1 ulp.  exp(-inf) = 0, NaN stays
+   NaN, arguments past +-87 saturate.  scorch_exp_float is the same formula for one float. */
+typedef int32_t scorch_vec_int __attribute__((vector_size(SCORCH_VB), aligned(4)));
+#define SCORCH_SEL(mask, a, b) \
+  ((scorch_vec_float)(((mask) & (scorch_vec_int)(a)) | (~(mask) & (scorch_vec_int)(b))))
+static inline scorch_vec_float scorch_exp_vec_float(scorch_vec_float x) {
+  const scorch_vec_float zero = {0};
+  scorch_vec_float c = SCORCH_SEL(x < -88.0f, zero - 88.0f, x);
+  c = SCORCH_SEL(c > 88.0f, zero + 88.0f, c);
+  scorch_vec_float t = c * 1.44269504088896341f + 0.5f;
+  scorch_vec_int ti = __builtin_convertvector(t, scorch_vec_int);
+  ti = ti + (__builtin_convertvector(ti, scorch_vec_float) > t);   /* floor (a true compare is -1) */
+  scorch_vec_float n = __builtin_convertvector(ti, scorch_vec_float);
+  scorch_vec_float r = c - n * 0.693359375f + n * 2.12194440e-4f;
+  scorch_vec_float p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  scorch_vec_float y = SCORCH_SEL(x < -87.0f, zero, p * (scorch_vec_float)((ti + 127) << 23));
+  return SCORCH_SEL(x != x, x, y);
+}
+static inline float scorch_exp_float(float x) {
+  scorch_vec_float v = {x};
+  return scorch_exp_vec_float(v)[0];
+}
+static inline double scorch_exp_double(double x) { return exp(x); }"""
+
+# Four horizontal sums through scorch_hsum where gcc < 12 lacks __builtin_shufflevector.
+HSUM4_FALLBACK = """\
+static inline void scorch_hsum4_float(scorch_vec_float p0, scorch_vec_float p1, scorch_vec_float p2,
+                                      scorch_vec_float p3, float *s) {
+  s[0] = scorch_hsum_float(p0); s[1] = scorch_hsum_float(p1); s[2] = scorch_hsum_float(p2);
+  s[3] = scorch_hsum_float(p3);
+}
+static inline void scorch_hsum4_double(scorch_vec_double p0, scorch_vec_double p1, scorch_vec_double p2,
+                                       scorch_vec_double p3, double *s) {
+  s[0] = scorch_hsum_double(p0); s[1] = scorch_hsum_double(p1); s[2] = scorch_hsum_double(p2);
+  s[3] = scorch_hsum_double(p3);
+}
+"""
+
+
+def _hsum(vt: str, vbytes: int) -> str:
+    """``scorch_hsum_<vt>``: the sum of a vector's lanes by halving down to 16 bytes (a lane-by-lane
+    loop costs a dependent add per lane)."""
+    lines = [f"static inline {vt} scorch_hsum_{vt}(scorch_vec_{vt} v) {{"]
+    cur, width = "v", vbytes
+    while width > 16:
+        h = width // 2
+        lines += [f"  typedef {vt} h{h}_ __attribute__((vector_size({h})));",
+                  f"  h{h}_ a{h}, b{h}; __builtin_memcpy(&a{h}, &{cur}, {h}); "
+                  f"__builtin_memcpy(&b{h}, (char *)&{cur} + {h}, {h}); a{h} += b{h};"]
+        cur, width = f"a{h}", h
+    tail = f"({cur}[0] + {cur}[2]) + ({cur}[1] + {cur}[3])" if vt == "float" else f"{cur}[0] + {cur}[1]"
+    return "\n".join(lines + [f"  return {tail};", "}"])
+
+
+def _hsum4(vt: str, lanes: int) -> str:
+    """``scorch_hsum4_<vt>``: four horizontal sums at once, s[u] = the sum of the lanes of p<u>.
+    Halving the four vectors together (shuffles pair them up) costs about one scorch_hsum."""
+    def shuf(x, y, idx):
+        return f"SCORCH_SHUF({x}, {y}, {', '.join(map(str, idx))})"
+
+    def merge(x, y, m, w):  # m segments of width w in each of x, y -> 2m segments of width w/2
+        lo = [s * w + t for s in range(m) for t in range(w // 2)]
+        hi = [s * w + w // 2 + t for s in range(m) for t in range(w // 2)]
+        return f"{shuf(x, y, lo + [lanes + i for i in lo])} + {shuf(x, y, hi + [lanes + i for i in hi])}"
+
+    v = f"scorch_vec_{vt}"
+    lines = [f"static inline void scorch_hsum4_{vt}({v} p0, {v} p1, {v} p2, {v} p3, {vt} *s) {{",
+             f"  {v} a = {merge('p0', 'p1', 1, lanes)};", f"  {v} b = {merge('p2', 'p3', 1, lanes)};"]
+    if lanes == 2:
+        return "\n".join(lines + ["  s[0] = a[0]; s[1] = a[1]; s[2] = b[0]; s[3] = b[1];", "}"])
+    lines.append(f"  {v} c = {merge('a', 'b', 2, lanes // 2)};")
+    cur, w, n = "c", lanes // 4, 0
+    while w > 1:   # fold each of the four segments in half, the halves packed at the front
+        lo = [s * w + t for s in range(4) for t in range(w // 2)]
+        hi = [s * w + w // 2 + t for s in range(4) for t in range(w // 2)]
+        reps = lanes // len(lo)
+        lines.append(f"  {v} f{n} = {shuf(cur, cur, lo * reps)} + {shuf(cur, cur, hi * reps)};")
+        cur, w, n = f"f{n}", w // 2, n + 1
+    return "\n".join(lines + [f"  s[0] = {cur}[0]; s[1] = {cur}[1]; s[2] = {cur}[2]; s[3] = {cur}[3];", "}"])
 
 
 # Included only by kernels with a SegmentedRows or SampledDots statement (immintrin.h is slow to parse).
@@ -398,7 +412,10 @@ def function(kernel: Kernel) -> str:
 
 
 def render(*kernels: Kernel) -> str:
-    """Complete C source for one or more kernels of one plan."""
+    """Complete C source for one or more kernels of one plan (lowered for one vector width)."""
+    widths = {k.vector_bytes for k in kernels}
+    if len(widths) != 1:
+        raise ValueError(f"render: kernels lowered for different vector widths {sorted(widths)}")
     funcs = [function(k) for k in kernels]
     extra = [AVX512_PRELUDE] if any("scorch_seg_step" in f or "scorch_sampled_" in f for f in funcs) else []
-    return "\n".join([PRELUDE] + extra + funcs)
+    return "\n".join([prelude(widths.pop())] + extra + funcs)

@@ -156,10 +156,11 @@ def _plan(equation: str, ops, format, expr=None, n_init: int = 0) -> tuple:
     if inner in size and size[inner] <= _MAX_STATIC_ROW and \
             not any(op.sparse and inner in op.level_vars() for op in sched.operands):
         static[inner] = size[inner]
-    pkey = (key, vtype, tuple(static.items()), n_init)
+    vbytes = build.vector_bytes()
+    pkey = (key, vtype, tuple(static.items()), n_init, vbytes)
     plan = _PLANS.get(pkey)
     if plan is None:
-        plan = _PLANS[pkey] = _make_plan(ein, sched, vtype, static, n_init)
+        plan = _PLANS[pkey] = _make_plan(ein, sched, vtype, static, n_init, vbytes)
     return plan, ein, ops, out_dtype, cdtype
 
 
@@ -167,12 +168,12 @@ _SCHEDULES: dict = {}
 _MAX_STATIC_ROW = 1024  # longest innermost dense loop specialised on its length
 
 
-def _make_plan(ein, sched, vtype, static, n_init=0) -> Plan:
+def _make_plan(ein, sched, vtype, static, n_init=0, vbytes=64) -> Plan:
     if sched.output[0] == "assemble":
-        kernels = (lower(sched, vtype, "count"), lower(sched, vtype, "fill"))
+        kernels = (lower(sched, vtype, "count", vector_bytes=vbytes), lower(sched, vtype, "fill", vector_bytes=vbytes))
         out_fmt = f"sparse, {preset('csr', len(ein.output))} assembled through a dense workspace"
     else:
-        kernels = (lower(sched, vtype, static=static, n_init=n_init),)
+        kernels = (lower(sched, vtype, static=static, n_init=n_init, vector_bytes=vbytes),)
         out_fmt = "dense" if sched.output[0] == "dense" else f"sparse, pattern of operand {sched.output[1]}"
     notes = sched.notes + tuple(n for k in kernels for n in k.notes)
     return Plan(str(ein), sched.loop_order, out_fmt, sched.parallel, notes, codegen.render(*kernels),

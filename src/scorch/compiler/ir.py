@@ -287,6 +287,7 @@ class Kernel:
     uses_workspace: bool = False       # an assembled output's per-thread marks / list / values rows
     fused_init: bool = False           # the output starts from the init operands (bias, root term), not 0
     notes: tuple = ()                  # strategies worth telling in the plan
+    vector_bytes: int = 64             # width of scorch_vec_* the body was lowered for
 
     def __str__(self):
         sig = ", ".join(f"{p.ctype} {p.name}" for p in self.params)

@@ -53,8 +53,9 @@ class _State:
 
 
 class _Lowerer:
-    def __init__(self, s: Schedule, vtype: str, phase: str, static: dict, n_init: int = 0):
+    def __init__(self, s: Schedule, vtype: str, phase: str, static: dict, n_init: int = 0, vbytes: int = 64):
         self.s, self.vtype, self.phase, self.ein, self.static = s, vtype, phase, s.einsum, static
+        self.vbytes = vbytes
         self.split = {v: (o, i, b) for v, o, i, b in s.splits}
         self.split_parts = {o: v for v, o, _, _ in s.splits} | {i: v for v, _, i, _ in s.splits}
         ws = s.row_workspace
@@ -68,12 +69,14 @@ class _Lowerer:
         self.acc_once = (phase == "compute" and s.output[0] == "dense" and s.parallel != "buffers"
                          and not s.row_workspace and 0 <= last_out < len(order) - 1 and last_out + 1 == len(out)
                          and all(self._dense_output_loop(v) for v in order[:last_out + 1]))
-        self.lanes = 16 if vtype == "float" else 8  # 64-byte vectors
+        self.lanes = vbytes // (4 if vtype == "float" else 8)
         self.vec = bool(self.ws) and self._vectorisable(self.ws[0])
-        # Long rows are tiled: 4 vectors of the row at a time, the whole loop nest per tile, so
-        # the gathered slices of the dense operand stay in L2 (K=256 on a 19k-row graph: 1.4x).
+        # Long rows are tiled: 256 bytes of the row at a time (4 AVX-512 vectors, 8 narrower
+        # ones), the whole loop nest per tile, so the gathered slices of the dense operand stay
+        # in L2 (K=256 on a 19k-row graph: 1.4x).
         nvec = static[self.ws[0]] // self.lanes if self.vec else 0
-        self.tiles = nvec // 4 if nvec > 4 and nvec % 4 == 0 else 1
+        per = 4 if vbytes == 64 else 8
+        self.tiles = nvec // per if nvec > per and nvec % per == 0 else 1
         self.nvec = nvec // self.tiles
         # An innermost reduction over a dense index (SDDMM's k): vector partial sums, one horizontal add.
         r = s.loop_order[-1] if s.loop_order else None
@@ -140,10 +143,10 @@ class _Lowerer:
 
     def _vectorisable(self, k) -> bool:
         """Loop ``k`` can run on vector registers: its length is a multiple of the vector
-        width (at most 16 vectors), the expression is + - * /, and every operand indexed
+        width (at most 1 KiB), the expression is + - * /, and every operand indexed
         by ``k`` has it as its unit-stride last dim."""
         n = self.static[k]
-        if n % self.lanes or n // self.lanes > 16 or n == 0:
+        if n % self.lanes or n // self.lanes > 1024 // self.vbytes or n == 0:
             return False
 
         def ok(e):
@@ -199,7 +202,7 @@ class _Lowerer:
         return Kernel(name, params, Block((Parallel(Block(tuple(self.prelude()) + tuple(body)),
                                                          _C("nthreads")),)), every,
                       uses_workspace=self.phase in ("count", "fill") and not self.in_order,
-                      fused_init=self.n_init > 0, notes=notes)
+                      fused_init=self.n_init > 0, notes=notes, vector_bytes=self.vbytes)
 
     def _segmented(self):
         """``{operand: load kind}`` when the loop nest is a row-wise sum over one CSR level
@@ -502,9 +505,11 @@ class _Lowerer:
                          else tile_start if self.ws and i == self.ws[0] else Const(0)) for i in op.indices}
             # every 64-byte line of the slice the vector row workspace reads, not only the first
             # (K=64 on Cora after the GEMM that wrote X: the SpMM 15-20% faster)
-            lines = self.nvec if (self.vec and op.indices[-1] == self.ws[0] and op.unit_stride) else 1
+            per_line = 64 // (4 if self.vtype == "float" else 8)
+            lines = -(-self.nvec * self.lanes // per_line) \
+                if (self.vec and op.indices[-1] == self.ws[0] and op.unit_stride) else 1
             base = self.dense_offset(t, subst)
-            fetch = tuple(Eval(Call("__builtin_prefetch", (Addr(_C(f"d{t}"), base + Const(m * self.lanes)
+            fetch = tuple(Eval(Call("__builtin_prefetch", (Addr(_C(f"d{t}"), base + Const(m * per_line)
                                                                  if m else base),))) for m in range(lines))
             out.append(If(ahead.lt(end), Block(fetch)))
         return out
@@ -734,12 +739,15 @@ def _present(expr) -> set:
 
 
 def lower(schedule: Schedule, vtype: str, phase: str = "compute", static: dict | None = None,
-          n_init: int = 0) -> Kernel:
+          n_init: int = 0, vector_bytes: int = 64) -> Kernel:
     """Lower ``schedule`` to a kernel computing in ``vtype`` ("float" or "double").
 
     ``phase``: "compute" (dense or pattern output), or "count" / "fill" (the two
     passes of an assembled sparse output).  ``static``: index sizes to bake in as
     constants (the row workspace needs its length at compile time).  ``n_init``: dense
     output-shaped operands the result starts from (``Kernel.fused_init`` says whether the
-    loop nest could take them; the caller adds them afterwards otherwise)."""
-    return _Lowerer(schedule, vtype, phase, static or {}, n_init).lower()
+    loop nest could take them; the caller adds them afterwards otherwise).  ``vector_bytes``:
+    the width of the target's vector registers (16, 32 or 64), the width of ``scorch_vec_*``."""
+    if vector_bytes not in (16, 32, 64):
+        raise ValueError(f"lower: vector_bytes must be 16, 32 or 64, got {vector_bytes!r}")
+    return _Lowerer(schedule, vtype, phase, static or {}, n_init, vector_bytes).lower()

@@ -25,7 +25,7 @@ _C = Var
 _FNS: dict = {}
 
 
-def _kernel(vtype: str, itype: str, log: bool) -> Kernel:
+def _kernel(vtype: str, itype: str, log: bool, vbytes: int = 64) -> Kernel:
     pos, vals, out = _C("pos"), _C("vals"), _C("out")
     lo, hi = Cast("int64_t", pos[_C("r")]), Cast("int64_t", pos[_C("r") + Const(1)])
     q, m, s = _C("q"), _C("m"), _C("s")
@@ -33,10 +33,10 @@ def _kernel(vtype: str, itype: str, log: bool) -> Kernel:
     body = [Decl("const int64_t", "lo", lo), Decl("const int64_t", "hi", hi), Decl(vtype, "m", _C("-INFINITY")),
             For("q", _C("lo"), _C("hi"), Block((Assign(m, Call("SCORCH_MAX", (m, x))),)), simd=True,
                 reduction="max:m")]
-    # out = exp(x - m): 16 lanes at a time through the vector exp, then the rest one by one
+    # out = exp(x - m): a vector of lanes at a time through the vector exp, then the rest one by one
     rest = _C("lo")
     if vtype == "float":
-        lanes = 16
+        lanes = vbytes // 4
         blocks = Bin("/", _C("hi") - _C("lo"), Const(lanes))
         vq = _C("lo") + _C("b") * Const(lanes)
         vx = _C("scale") * Vec(Addr(vals, vq), vtype)
@@ -65,14 +65,14 @@ def _kernel(vtype: str, itype: str, log: bool) -> Kernel:
               Param("pos", f"const {itype} *", ("pos",)), Param("vals", f"const {vtype} *", ("vals",)),
               Param("scale", vtype, ("scale",)), Param("out", f"{vtype} *", ("out",)))
     name = "log_softmax" if log else "softmax"
-    return Kernel(name, params, Block((Parallel(Block(tuple(region)), _C("nthreads")),)))
+    return Kernel(name, params, Block((Parallel(Block(tuple(region)), _C("nthreads")),)), vector_bytes=vbytes)
 
 
 def _function(vtype: str, itype: str, log: bool):
-    key = (vtype, itype, log)
+    key = (vtype, itype, log, build.vector_bytes())
     fn = _FNS.get(key)
     if fn is None:
-        k = _kernel(vtype, itype, log)
+        k = _kernel(vtype, itype, log, key[-1])
         fn = getattr(build.compile_library(codegen.render(k), tag="segments"), k.name)
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p if p.ctype.endswith("*") else
@@ -84,7 +84,7 @@ def _function(vtype: str, itype: str, log: bool):
 
 def source(vtype: str = "float", itype: str = "int32_t", log: bool = False) -> str:
     """The generated C of one softmax kernel (for inspection and tests)."""
-    return codegen.render(_kernel(vtype, itype, log))
+    return codegen.render(_kernel(vtype, itype, log, build.vector_bytes()))
 
 
 def softmax(pos: torch.Tensor, vals: torch.Tensor, scale: float = 1.0, log: bool = False) -> torch.Tensor:
