@@ -24,16 +24,8 @@ static inline int64_t scorch_lower_bound(const void *pos, int wide, int64_t n, i
 #define SCORCH_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define SCORCH_MAX(a, b) ((a) > (b) ? (a) : (b))
 
-/* Sort a[0..n) ascending (insertion sort for short rows, heap sort otherwise); returns n. */
-static inline int64_t scorch_sort(int64_t *a, int64_t n) {
-  if (n <= 32) {
-    for (int64_t i = 1; i < n; i++) {
-      int64_t x = a[i], j = i - 1;
-      while (j >= 0 && a[j] > x) { a[j + 1] = a[j]; j--; }
-      a[j + 1] = x;
-    }
-    return n;
-  }
+/* Heap sort of a[0..n): the fallback of scorch_sort when its partitions go bad (n log n always). */
+static inline void scorch_heapsort(int64_t *a, int64_t n) {
   for (int64_t start = n / 2 - 1; start >= 0; start--) {
     for (int64_t r = start;;) {
       int64_t c = 2 * r + 1;
@@ -53,8 +45,69 @@ static inline int64_t scorch_sort(int64_t *a, int64_t n) {
       t = a[r]; a[r] = a[c]; a[c] = t; r = c;
     }
   }
+}
+
+/* Sort a[0..n) ascending; returns n.  Introsort: quicksort (median of three) down to runs of
+   16, insertion sort for those, heap sort for a range that recursed 2 log2(n) deep.  (Heap sort
+   alone took more than half of SpGEMM's time on a graph's square, 57 entries per row.) */
+static inline int64_t scorch_sort(int64_t *a, int64_t n) {
+  int64_t lo_[64], hi_[64], depth_[64];
+  int top = 0, limit = 0;
+  for (int64_t m = n; m > 1; m >>= 1) limit += 2;
+  lo_[0] = 0; hi_[0] = n; depth_[0] = limit;
+  while (top >= 0) {
+    int64_t lo = lo_[top], hi = hi_[top], depth = depth_[top];
+    top--;
+    while (hi - lo > 16) {
+      if (depth-- == 0) { scorch_heapsort(a + lo, hi - lo); break; }
+      int64_t mid = lo + (hi - lo) / 2, x = a[lo], y = a[mid], z = a[hi - 1];
+      int64_t pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
+      int64_t i = lo, j = hi - 1;
+      for (;;) {
+        while (a[i] < pivot) i++;
+        while (a[j] > pivot) j--;
+        if (i >= j) break;
+        int64_t t = a[i]; a[i] = a[j]; a[j] = t; i++; j--;
+      }
+      /* [lo, j] <= pivot <= [j+1, hi): push the larger part, go on with the smaller (stack <= log2 n) */
+      if (j + 1 - lo > hi - (j + 1)) { top++; lo_[top] = lo; hi_[top] = j + 1; depth_[top] = depth; lo = j + 1; }
+      else { top++; lo_[top] = j + 1; hi_[top] = hi; depth_[top] = depth; hi = j + 1; }
+    }
+  }
+  for (int64_t i = 1; i < n; i++) {  /* every run is now short and in place: one insertion pass */
+    int64_t x = a[i], j = i - 1;
+    while (j >= 0 && a[j] > x) { a[j + 1] = a[j]; j--; }
+    a[j + 1] = x;
+  }
   return n;
 }
+
+/* The assembled row of a sparse result, ascending: lst[0..len) its distinct columns (set in
+   bits too), wsp[column] their values; writes crd[0..len), val[0..len) and clears the bits.
+   A row whose bitset has at most 16 words per entry is read off the bitset (a word scan and
+   a count-trailing-zeros per entry: no comparisons to mispredict); a sparser one is sorted. */
+#define SCORCH_ROW_OUT(T)                                                                        \
+static inline void scorch_row_out_##T(int64_t *lst, int64_t len, uint64_t *bits, int64_t words,   \
+                                      const T *wsp, int64_t *crd, T *val) {                       \
+  if (words <= 16 * len) {                                                                        \
+    int64_t e = 0;                                                                                \
+    for (int64_t w = 0; w < words; w++) {                                                         \
+      uint64_t b = bits[w];                                                                       \
+      if (!b) continue;                                                                           \
+      bits[w] = 0;                                                                                \
+      while (b && e < len) {  /* e < len: never past the row, whatever the bits hold */          \
+        const int64_t k = w * 64 + __builtin_ctzll(b); crd[e] = k; val[e] = wsp[k]; e++; b &= b - 1; \
+      }                                                                                           \
+    }                                                                                             \
+  } else {                                                                                        \
+    scorch_sort(lst, len);                                                                        \
+    for (int64_t e = 0; e < len; e++) {                                                           \
+      const int64_t k = lst[e]; crd[e] = k; val[e] = wsp[k]; bits[k >> 6] = 0;                   \
+    }                                                                                             \
+  }                                                                                               \
+}
+SCORCH_ROW_OUT(float)
+SCORCH_ROW_OUT(double)
 """
 
 

@@ -547,7 +547,9 @@ def _assemble(plan, ops, size, cdtype, nthreads, out_shape):
     vals = torch.empty(nnz, dtype=cdtype)
     _call(plan, plan.kernels[1], ops, size, cdtype,
           {"nthreads": nthreads, "rowpos": rowpos, "marks": marks, "list": torch.empty_like(marks),
-           "ws": torch.empty(max(nthreads * width, 1), dtype=cdtype), "out_crd": crd, "out": vals})
+           "ws": torch.empty(max(nthreads * width, 1), dtype=cdtype),
+           "bits": torch.zeros(max(nthreads * ((width + 63) // 64), 1), dtype=torch.int64),
+           "out_crd": crd, "out": vals})
     fmt = preset("csr", len(out_shape))
     idx = torch.int32 if max(nnz, *out_shape) < 2**31 else torch.int64
     n = len(out_shape)

@@ -121,6 +121,7 @@ class _Lowerer:
         elif self.phase == "fill":
             ps += [Param("rowpos", "const int64_t *", ("rowpos",)), Param("marks", "int64_t *", ("marks",)),
                    Param("list", "int64_t *", ("list",)), Param("ws", f"{vt} *", ("ws",)),
+                   Param("bits", "uint64_t *", ("bits",)),
                    Param("out_crd", "int64_t *", ("out_crd",)), Param("out", f"{vt} *", ("out",))]
         else:
             ps.append(Param("out", f"{vt} *", ("out",)))
@@ -309,9 +310,12 @@ class _Lowerer:
             return [Decl("int64_t * restrict", "mark", _C("marks") + _C("tid") * _C(f"n_{self.ein.output[-1]}"))]
         if self.phase == "fill":
             n = _C(f"n_{self.ein.output[-1]}")
+            words = Bin("/", n + Const(63), Const(64))
             return [Decl("int64_t * restrict", "mark", _C("marks") + _C("tid") * n),
                     Decl("int64_t * restrict", "lst", _C("list") + _C("tid") * n),
-                    Decl(f"{vt} * restrict", "wsp", _C("ws") + _C("tid") * n)]
+                    Decl(f"{vt} * restrict", "wsp", _C("ws") + _C("tid") * n),
+                    Decl("const int64_t", "nwords", words),
+                    Decl("uint64_t * restrict", "bit", _C("bits") + _C("tid") * _C("nwords"))]
         if s.output[0] == "dense" and s.parallel == "buffers":
             numel = Const(1)
             for idx in self.ein.output:
@@ -666,8 +670,10 @@ class _Lowerer:
         first = Bin("!=", _C("mark")[c], _C("row"))
         if self.phase == "count":
             return [If(first, Block((Assign(_C("mark")[c], _C("row")), Assign(_C("cnt"), Const(1), "+="))))]
+        one = Bin("<<", Cast("uint64_t", Const(1)), Bin("&", c, Const(63)))
         return [If(first, Block((Assign(_C("mark")[c], _C("row")), Assign(_C("lst")[_C("len")], c),
-                                 Assign(_C("len"), Const(1), "+="), Assign(_C("wsp")[c], Const(0.0))))),
+                                 Assign(_C("len"), Const(1), "+="), Assign(_C("wsp")[c], Const(0.0)),
+                                 Assign(_C("bit")[Bin(">>", c, Const(6))], one, "|=")))),
                 Assign(_C("wsp")[c], val, "+=")]
 
     def row_start(self, st):
@@ -682,9 +688,9 @@ class _Lowerer:
         if self.phase != "fill" or self.in_order:
             return []
         base = _C("rowpos")[_C("row")]
-        c = _C("lst")[_C("e_")]
-        emit = Block((Assign(_C("out_crd")[base + _C("e_")], c), Assign(_C("out")[base + _C("e_")], _C("wsp")[c])))
-        return [Assign(_C("len"), Call("scorch_sort", (_C("lst"), _C("len")))), For("e_", Const(0), _C("len"), emit)]
+        args = (_C("lst"), _C("len"), _C("bit"), _C("nwords"), _C("wsp"),
+                Addr(_C("out_crd"), base), Addr(_C("out"), base))
+        return [Eval(Call(f"scorch_row_out_{self.vtype}", args))]
 
     # -------------------------------------------------------------- threads
     def parallelise(self, loop: For, iters):

@@ -1,0 +1,109 @@
+"""Assembled sparse results (SpGEMM): each row's columns come out ascending, read off a bitset
+for rows dense enough, sorted otherwise (introsort: quicksort, insertion sort, heap sort).
+
+Oracles: dense torch products in float64; Python's sorted() for the sort routines.
+"""
+
+import ctypes
+
+import pytest
+import torch
+
+import scorch
+from scorch.compiler import build, codegen
+
+
+def random_csr(n, m, per_row, seed, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    D = torch.zeros(n, m, dtype=dtype)
+    for r in range(n):
+        k = int(per_row[r % len(per_row)])
+        cols = torch.randperm(m, generator=g)[:k]
+        D[r, cols] = torch.rand(k, generator=g, dtype=dtype) + 0.5
+    return D
+
+
+def check_product(DA, DB):
+    C = scorch.einsum("ij,jk->ik", scorch.as_sparse(DA, "csr"), scorch.as_sparse(DB, "csr"))
+    assert isinstance(C, scorch.SparseTensor)
+    want = DA.double() @ DB.double()
+    tol = 1e-4 if DA.dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(C.to_dense().double(), want, atol=tol, rtol=tol)
+    pos, crd = C.pos(1).long(), C.crd(1).long()
+    for r in range(C.shape[0]):
+        row = crd[pos[r]:pos[r + 1]]
+        assert bool((row[1:] > row[:-1]).all()), f"row {r} not strictly ascending: {row.tolist()}"
+        assert row.numel() == int((want[r] != 0).sum()), f"row {r}: {row.numel()} stored entries"
+    return C
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rows_read_off_the_bitset(dtype):
+    """Few columns: every row has at most 16 bitset words per entry."""
+    DA = random_csr(40, 60, [0, 1, 3, 8, 20], seed=1, dtype=dtype)
+    DB = random_csr(60, 300, [1, 2, 5, 30], seed=2, dtype=dtype)
+    check_product(DA, DB)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sparse_rows_sorted(dtype):
+    """Many columns, short rows: sorted (rows of 1..16 entries by insertion sort, longer ones by
+    quicksort: 4 rows of B with 10 entries each give rows of ~40 over 60000 columns)."""
+    DA = random_csr(30, 50, [0, 1, 2, 4], seed=3, dtype=dtype)
+    DB = random_csr(50, 60000, [1, 3, 10], seed=4, dtype=dtype)
+    check_product(DA, DB)
+
+
+def test_sorted_rows_then_bitset_rows():
+    """Short rows (sorted) and long rows (read off the bitset) alternate on each thread: the
+    sorted rows must clear their bits too."""
+    DA = random_csr(24, 100, [2, 1, 3], seed=6)
+    DA[1::3] = 0
+    DA[1::3, :40] = 1.0   # every third row gathers 40 rows of B: ~400 entries of 60000 columns
+    DB = random_csr(100, 60000, [10, 1, 2], seed=7)
+    check_product(DA, DB)
+
+
+def test_discovery_in_reverse_and_in_order():
+    """Columns met in descending order (B's rows walk down the columns) and in ascending order."""
+    m = 70000
+    DB = torch.zeros(40, m, dtype=torch.float64)
+    for r in range(40):
+        DB[r, m - 1 - 50 * r - torch.arange(30) * 7] = 1.0 + r
+    DA = torch.zeros(3, 40, dtype=torch.float64)
+    DA[0, :] = 1.0
+    DA[1, torch.arange(39, -1, -1)] = torch.arange(40, dtype=torch.float64)
+    DA[2, 5] = 2.0
+    check_product(DA, DB)
+
+
+def _sorter(name):
+    src = codegen.BASE_PRELUDE + f"\nvoid run(int64_t *a, int64_t n) {{ {name}(a, n); }}\n"
+    fn = build.compile_library(src, tag="sorttest").run
+    fn.restype, fn.argtypes = None, [ctypes.c_void_p, ctypes.c_int64]
+    return fn
+
+
+@pytest.mark.parametrize("name", ["scorch_sort", "scorch_heapsort"])
+def test_sort_routines(name):
+    if not build.have_compiler():
+        pytest.skip("no C compiler")
+    run = _sorter(name)
+    g = torch.Generator().manual_seed(5)
+    n = 3000
+    cases = [torch.randperm(n, generator=g), torch.arange(n), torch.arange(n, 0, -1),
+             torch.cat([torch.arange(0, n, 2), torch.arange(n - 1, 0, -2)]),       # organ pipe
+             torch.randint(0, 7, (n,), generator=g),                              # many equal keys
+             torch.randint(0, 2**40, (n,), generator=g), torch.tensor([5]), torch.tensor([], dtype=torch.int64)]
+    # a median-of-three killer: drives the quicksort to its depth limit (heap sort takes over)
+    k = n // 2
+    killer = [0] * n
+    for i in range(1, k + 1):
+        if i % 2:
+            killer[i - 1], killer[i] = i, k + i
+        killer[k + i - 1] = 2 * i
+    cases.append(torch.tensor(killer))
+    for x in cases:
+        a = x.to(torch.int64).contiguous().clone()
+        run(a.data_ptr(), a.numel())
+        assert a.tolist() == sorted(x.tolist())
