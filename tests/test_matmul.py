@@ -47,6 +47,23 @@ def test_mm_bmm_and_errors():
         torch.mm(A, rnd(6))
     with pytest.raises(ValueError, match="index 'j' has size 6"):
         A @ rnd(5, 2)
+    with pytest.raises(TypeError, match="unsupported operand"):
+        A @ 3
+    with pytest.raises(TypeError, match="unsupported operand"):
+        [[1.0]] @ A
+
+
+def test_matmul_operator_autograd():
+    """``@`` (SparseTensor.__matmul__ / __rmatmul__) keeps the autograd of torch.matmul."""
+    a, x = rnd(5, 6), rnd(6, 3, density=1, seed=1).requires_grad_()
+    A = scorch.as_sparse(a, "csr").requires_grad_()
+    (A @ x).sum().backward()
+    torch.testing.assert_close(x.grad, a.t() @ torch.ones(5, 3, dtype=torch.float64))
+    torch.testing.assert_close(A.grad.to_dense(), torch.ones(5, 3, dtype=torch.float64) @ x.detach().t()
+                               * (a != 0))
+    y = rnd(4, 5, density=1, seed=2).requires_grad_()
+    (y @ A).sum().backward()
+    torch.testing.assert_close(y.grad, torch.ones(4, 6, dtype=torch.float64) @ a.t())
 
 
 def test_linear_addmm_tensordot_dropout():
