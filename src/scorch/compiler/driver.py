@@ -287,7 +287,7 @@ def _signature(equation, format, operands, init=()):
     for x in (*operands, *init):
         if type(x) is SparseTensor:
             sig.append((x._format, x._values.dtype, x._crd_dtype(), x._shape))
-        elif type(x) in _DENSE_TYPES and x.layout == torch.strided and x.device.type == "cpu":
+        elif type(x) in _DENSE_TYPES and x.layout == torch.strided and x.is_cpu:
             sig.append((x.dtype, x.shape, x.stride()))
         else:
             return None
