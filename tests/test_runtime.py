@@ -43,6 +43,21 @@ def test_sparse_operand_runs_sparse_kernels(threshold):
                           rnd(300, 2, density=1)).dispatch.startswith("sparse (density")
 
 
+def test_the_path_follows_each_calls_density(threshold, monkeypatch):
+    """Operands of one signature (format, shape, dtype) but different densities: the decision is
+    taken per call, never cached with the signature."""
+    from scorch.compiler import driver
+    runs = []
+    real = driver.run
+    monkeypatch.setattr(driver, "run", lambda *a: runs.append(a) or real(*a))
+    x = rnd(30, 8, density=1)
+    for density, kernel in [(0.6, False), (0.05, True), (0.6, False), (0.05, True)]:
+        a = rnd(40, 30, density=density, seed=len(runs))
+        runs.clear()
+        torch.testing.assert_close(scorch.einsum("ij,jk->ik", scorch.as_sparse(a, "csr"), x), a @ x)
+        assert bool(runs) == kernel
+
+
 def test_sparse_results_stay_on_the_sparse_path(threshold):
     A = scorch.as_sparse(rnd(10, 12, density=0.9), "csr")
     plan = scorch.explain("ij,ik,jk->ij", A, rnd(10, 3, density=1), rnd(12, 3, density=1))

@@ -39,7 +39,11 @@ _memo: dict = {}
 @dataclass(frozen=True)
 class Decision:
     path: str        # "sparse" or "dense"
-    reason: str
+    why: tuple       # (format string, *arguments): formatted only when ``reason`` is read (hot path)
+
+    @property
+    def reason(self) -> str:
+        return self.why[0].format(*self.why[1:])
 
 
 def _machine_key() -> str:
@@ -126,20 +130,22 @@ def decide(ops, dense_result) -> Decision:
     mode = config.dispatch
     if mode not in ("auto", "sparse", "dense"):
         raise ScorchValueError(f"scorch.config.dispatch must be 'auto', 'sparse' or 'dense', got {mode!r}")
-    sparse = [x for x in ops if isinstance(x, SparseTensor)]
-    if not sparse:
-        return Decision("dense", "no sparse operand")
+    density = -1.0  # the densest sparse operand's (a loop, not generators: this runs per call)
+    for x in ops:
+        if isinstance(x, SparseTensor) and x.density > density:
+            density = x.density
+    if density < 0:
+        return Decision("dense", ("no sparse operand",))
     if mode != "auto":
-        return Decision(mode, f"scorch.config.dispatch = {mode!r}")
-    density = max(x.density for x in sparse)
+        return Decision(mode, ("scorch.config.dispatch = {!r}", mode))
     if density < SURELY_SPARSE:
-        return Decision("sparse", f"density {density:.3g} < {SURELY_SPARSE}")
+        return Decision("sparse", ("density {:.3g} < {}", density, SURELY_SPARSE))
     if not (dense_result() if callable(dense_result) else dense_result):
-        return Decision("sparse", "the result is sparse (it keeps or builds a pattern)")
+        return Decision("sparse", ("the result is sparse (it keeps or builds a pattern)",))
     t = dense_threshold()
     if density >= t:
-        return Decision("dense", f"density {density:.3g} >= {t:.3g}, where dense BLAS wins on this machine")
-    return Decision("sparse", f"density {density:.3g} < {t:.3g} (the calibrated crossover)")
+        return Decision("dense", ("density {:.3g} >= {:.3g}, where dense BLAS wins on this machine", density, t))
+    return Decision("sparse", ("density {:.3g} < {:.3g} (the calibrated crossover)", density, t))
 
 
 def maybe_sparsify(ops):

@@ -218,7 +218,11 @@ def einsum(equation: str, *operands, format=None, init=()):
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     init = tuple(init)
-    key = _signature(equation, format, operands, init)
+    return run(_signature(equation, format, operands, init), equation, operands, format, init)
+
+
+def run(key, equation: str, operands: tuple, format, init: tuple):
+    """``einsum`` given the call's ``_signature`` (``key``; None: not cacheable)."""
     bound = _BOUND.get(key) if key is not None else None
     if bound is not None:
         return bound(operands, init)
@@ -359,8 +363,28 @@ class _Bound:
                       torch.empty if kernel.writes_every_output else torch.zeros, _work_factors(ein, ops2))
 
     def __call__(self, ops, init=()):
+        args, out, copies = self.arguments(ops, init)
+        self.fn(*args)
+        if self.pattern is None:
+            result = out.sum(0) if copies > 1 else out
+        else:
+            src = ops[self.pattern]
+            result = SparseTensor(src._format, src._shape, src._pos, src._crd, out, nnz=src._nnz)
+        if result.dtype != self.out_dtype:
+            result = result.to(self.out_dtype)
+        if self.format is not None:
+            return result.to_dense() if self.format == "dense" and isinstance(result, SparseTensor) \
+                else result if self.format == "dense" else as_sparse(result, self.format)
+        return result
+
+    def arguments(self, ops, init=()):
+        """The kernel's argument list for ``ops``, its freshly allocated output, and the
+        number of per-thread output copies in it."""
         args = list(self.template)
-        nthreads = build.threads_for(max(ops[k]._nnz * f for k, f in self.work) if self.work else 0)
+        work = 0
+        for k, f in self.work:
+            work = max(work, ops[k]._nnz * f)
+        nthreads = build.threads_for(work)
         copies = nthreads if self.buffers else 1
         for slot, t, kind, k, extra in self.pointers:
             if kind == "nthreads":
@@ -384,21 +408,10 @@ class _Bound:
                 args[slot] = x._crd[k].numel() // extra if extra else 0
         if self.pattern is None:
             out = self.alloc((copies,) + self.out_shape if copies > 1 else self.out_shape, dtype=self.cdtype)
-            args[self.out_slot] = out.data_ptr()
-            self.fn(*args)
-            result = out.sum(0) if copies > 1 else out
         else:
-            src = ops[self.pattern]
-            out = self.alloc(src._values.numel(), dtype=self.cdtype)
-            args[self.out_slot] = out.data_ptr()
-            self.fn(*args)
-            result = SparseTensor(src._format, src._shape, src._pos, src._crd, out, nnz=src._nnz)
-        if result.dtype != self.out_dtype:
-            result = result.to(self.out_dtype)
-        if self.format is not None:
-            return result.to_dense() if self.format == "dense" and isinstance(result, SparseTensor) \
-                else result if self.format == "dense" else as_sparse(result, self.format)
-        return result
+            out = self.alloc(ops[self.pattern]._values.numel(), dtype=self.cdtype)
+        args[self.out_slot] = out.data_ptr()
+        return args, out, copies
 
 
 @dataclass

@@ -42,14 +42,15 @@ def _einsum(equation: str, operands, format, init):
     """The dispatch shared by ``einsum`` and ``einsum_add``: dense torch, the autograd
     function, or the compiled kernel directly."""
     operands, init = tuple(runtime.maybe_sparsify(operands)), tuple(init)
-    if _dense_path(equation, operands, format):
+    key = driver._signature(equation, format, operands, init)  # once per call: dispatch and kernel caches
+    if _dense_path(equation, operands, format, key):
         dense = [x.to_dense() if isinstance(x, SparseTensor) else x for x in driver._operands(operands)]
         out = torch.einsum(equation, *dense)
         return out + sum(init) if init else out
     tensors = operands + init
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and _requires_grad(x) for x in tensors):
         return _Einsum.apply(equation, format, len(init), *driver._operands(operands), *init)
-    return driver.einsum(equation, *operands, format=format, init=init)
+    return driver.run(key, equation, operands, format, init)
 
 
 def _requires_grad(x: torch.Tensor) -> bool:
@@ -59,18 +60,19 @@ def _requires_grad(x: torch.Tensor) -> bool:
         return x.requires_grad
 
 
-def decision(equation: str, operands, format=None) -> runtime.Decision:
-    """Which path ``einsum(equation, *operands)`` takes, and why."""
-    ops = driver._operands(operands)
-    return runtime.decide(ops, lambda: _dense_result(equation, ops, format))
+def decision(equation: str, operands, format=None, key=None) -> runtime.Decision:
+    """Which path ``einsum(equation, *operands)`` takes, and why (``key``: the call's
+    ``driver._signature`` when it has one; its operands then need no conversion)."""
+    ops = operands if key is not None else driver._operands(operands)
+    return runtime.decide(ops, lambda: _dense_result(equation, ops, format, key))
 
 
 _DENSE_RESULT: dict = {}  # operand signature -> does the sparse plan give a dense result
 
 
-def _dense_result(equation, ops, format) -> bool:
+def _dense_result(equation, ops, format, key=None) -> bool:
     """Whether the sparse plan's result is dense (cached per operand signature: it needs a plan)."""
-    key = driver._signature(equation, format, ops)
+    key = key if key is not None else driver._signature(equation, format, ops)
     found = _DENSE_RESULT.get(key) if key is not None else None
     if found is None:
         found = format in (None, "dense") and driver._plan(equation, ops, format)[0].schedule.output[0] == "dense"
@@ -79,14 +81,10 @@ def _dense_result(equation, ops, format) -> bool:
     return found
 
 
-def _dense_path(equation, operands, format) -> bool:
+def _dense_path(equation, operands, format, key=None) -> bool:
     if config.dispatch == "sparse" or not any(isinstance(x, SparseTensor) for x in operands):
         return False  # the common cases decide without looking further
-    if config.dispatch == "auto" and all(
-            (type(x) is SparseTensor and x.density < runtime.SURELY_SPARSE)
-            or (type(x) is torch.Tensor and x.layout == torch.strided) for x in operands):
-        return False  # what runtime.decide answers first, without building its explanation (hot path)
-    return decision(equation, operands, format).path == "dense"
+    return decision(equation, operands, format, key).path == "dense"
 
 
 def explain(equation: str, *operands, format=None):
