@@ -25,7 +25,7 @@ import scorch
 from scorch.datasets import load_graph, rmat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import timeit  # noqa: E402
+from _timing import add_malloc_option, apply_malloc_option, timeit  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*beta.*")
 
@@ -82,9 +82,11 @@ def main():
     ap.add_argument("--data", default=default_data)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeat", type=int, default=15)
+    add_malloc_option(ap)
     args = ap.parse_args()
+    malloc = apply_malloc_option(args)
     scorch.config.dispatch = "sparse"  # measure scorch's kernels, never the runtime's switch to dense torch
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {malloc}")
     overheads()
     ks = [16, 64] if args.quick else [16, 64, 128, 256]
     rows = []

@@ -23,7 +23,7 @@ import scorch
 from scorch.datasets import load_graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import timeit  # noqa: E402
+from _timing import add_malloc_option, apply_malloc_option, timeit  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*beta.*")
 
@@ -32,8 +32,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=os.environ.get("SCORCH_DATA", str(Path(__file__).resolve().parents[2] / "shared" / "data")))
     ap.add_argument("--repeat", type=int, default=15)
+    add_malloc_option(ap)
     args = ap.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    malloc = apply_malloc_option(args)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {malloc}")
     names = [n for n in ("pubmed", "ca-astroph") if (Path(args.data) / f"{n}.npz").exists()] or ["cora"]
     rows = []
     for name in names:

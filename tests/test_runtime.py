@@ -110,3 +110,37 @@ def test_auto_sparsify(monkeypatch, threshold):
     plan = scorch.explain("ij,jk->ik", relu_out, w)
     assert plan.dispatch.startswith("sparse") and plan.schedule.operands[0].sparse
     torch.testing.assert_close(scorch.einsum("ij,jk->ik", relu_out, w), relu_out @ w)
+
+
+_MMAPPED_BLOCKS = """
+import ctypes, sys, torch
+from scorch import runtime
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+if sys.argv[1] == "keep":
+    assert runtime.keep_freed_memory()
+before = libc.mallinfo2().hblks
+x = torch.empty(64 << 20, dtype=torch.uint8)
+print(libc.mallinfo2().hblks - before)
+"""
+
+
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's malloc only")
+@pytest.mark.parametrize("mode", ["keep", "default"])
+def test_keep_freed_memory_takes_large_blocks_off_mmap(mode):
+    """A 64 MiB tensor is its own mmap (unmapped when freed, its pages fault in again next time)
+    under glibc's defaults, and an ordinary heap block once keep_freed_memory() has run."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _MMAPPED_BLOCKS, mode], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    new_blocks = int(out.stdout.split()[-1])
+    assert new_blocks == (0 if mode == "keep" else 1)
+
+
+def test_keep_freed_memory_off_glibc(monkeypatch):
+    monkeypatch.setattr(runtime.platform, "libc_ver", lambda: ("", ""))
+    assert runtime.keep_freed_memory() is False

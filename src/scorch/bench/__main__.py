@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 import scorch
+from scorch import runtime
 
 from .report import format_summary, format_table, geomean_summary, write_json, write_plot
 from .workloads import WORKLOADS, run_case
@@ -51,7 +52,12 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="+", metavar="NAME", choices=sorted(WORKLOADS),
                     help=f"run only these workloads ({', '.join(WORKLOADS)})")
     ap.add_argument("--repeat", type=int, default=None, help="timed rounds per case (default 5 quick, 15 full)")
+    ap.add_argument("--default-malloc", action="store_true",
+                    help="leave glibc's malloc as it is (default: keep freed large blocks for reuse, for every "
+                         "system alike; see scorch.runtime.keep_freed_memory)")
     args = ap.parse_args(argv)
+    kept = not args.default_malloc and runtime.keep_freed_memory()
+    malloc = "malloc keeps freed large blocks" if kept else "default malloc"
 
     scorch.config.dispatch = "sparse"       # measure scorch's kernels, never the runtime's switch to dense
     cfg = Config(quick=args.quick, data=Path(args.data) if args.data else None)
@@ -59,7 +65,7 @@ def main(argv=None) -> int:
     budget = 2.0 if args.quick else 20.0     # seconds of timed rounds per case, at most
     names = args.only or list(WORKLOADS)
     print(f"scorch bench: torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.machine()}, "
-          f"{'quick' if args.quick else 'full'}, data={cfg.data}", file=sys.stderr)
+          f"{'quick' if args.quick else 'full'}, data={cfg.data}, {malloc}", file=sys.stderr)
 
     t0 = time.perf_counter()
     rows = []
@@ -93,7 +99,8 @@ def main(argv=None) -> int:
           "peak RSS = the process's high-water mark after the case (getrusage).")
     if args.json:
         write_json(rows, args.json, {"torch": torch.__version__, "threads": torch.get_num_threads(),
-                                     "quick": args.quick, "elapsed_s": elapsed, "data": str(cfg.data)})
+                                     "quick": args.quick, "elapsed_s": elapsed, "data": str(cfg.data),
+                                     "malloc": malloc})
         print(f"JSON written to {args.json}")
     if args.plot:
         print(write_plot(rows, args.plot))
