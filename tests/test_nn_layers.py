@@ -141,6 +141,22 @@ def test_gat_matches_dense(kind, heads, concat):
     torch.testing.assert_close(got, gat_oracle(layer, x, dense_adj()))
 
 
+def test_gat_runs_every_head_in_one_softmax_and_one_spmm(monkeypatch):
+    """Inference: the heads share one batched-CSR softmax kernel call and one generated SpMM."""
+    from scorch.compiler import driver, segments
+    calls = {"softmax": 0, "einsum": []}
+    monkeypatch.setattr(segments, "softmax", lambda *a, f=segments.softmax: calls.__setitem__(
+        "softmax", calls["softmax"] + 1) or f(*a))
+    run = driver.run
+    monkeypatch.setattr(driver, "run", lambda key, eq, *a, **k: calls["einsum"].append(eq) or run(key, eq, *a, **k))
+    layer = randomize(GATConv(5, 4, heads=3).double())
+    x = feats()
+    with torch.no_grad():
+        got = layer(x, adj_input("csr"))
+    assert calls == {"softmax": 1, "einsum": ["hij,jhk->ihk"]}
+    torch.testing.assert_close(got, gat_oracle(layer, x, dense_adj()))
+
+
 def test_gat_without_self_loops_ignores_weights():
     layer = randomize(GATConv(5, 3, heads=2, add_self_loops=False, negative_slope=0.1).double())
     x = feats()

@@ -146,10 +146,11 @@ def vector_bytes() -> int:
     split into register-sized pieces that gcc keeps on the stack (SpMM with K=16 and 64-byte
     vectors on an AVX2 machine ran 2.5-4x slower than with 32-byte ones).  Checked once per
     process per compiler and flags; 64 when no compiler runs (no kernel is built then)."""
-    cc = os.environ.get("SCORCH_CC") or "cc"
-    flags = [f for f in _flags() if f not in ("-shared", "-fPIC")]
-    key = (cc, tuple(flags))
-    if key not in _vector_bytes:
+    env = os.environ
+    key = (env.get("SCORCH_CC") or "cc", env.get("SCORCH_CFLAGS_OVERRIDE"), env.get("SCORCH_CFLAGS"))
+    if key not in _vector_bytes:   # the raw settings key the memo: no flag parsing per call
+        cc = key[0]
+        flags = [f for f in _flags() if f not in ("-shared", "-fPIC")]
         try:
             out = subprocess.run([cc, *flags, "-dM", "-E", "-x", "c", os.devnull],
                                  capture_output=True, text=True, timeout=60)

@@ -1,15 +1,21 @@
 """Row-segment kernels: softmax / log_softmax over runs of stored values.
 
-A CSR row (or a CSF fibre) is a contiguous run ``vals[pos[r] : pos[r+1]]`` of the
-innermost compressed level.  A softmax over that level is, per run, a max
-reduction, a sum of exponentials and a scaling: three loops over the run, which
-the einsum lowering does not express (it has no ``exp``).  This module builds
-that loop nest in the same IR, printed by the same code generator and compiled
-and cached by the same build step as the einsum kernels; runs are split across
-threads by stored entries (``scorch_lower_bound`` over ``pos``) like the
-einsum kernels' rows.
+A CSR row (or a CSF fibre) is a contiguous run ``vals[pos[r] : pos[r+1]]`` of a
+compressed level.  A softmax over that level is, per run, a max reduction, a sum
+of exponentials and a scaling, which the einsum lowering does not express (it has
+no ``exp``).  This module builds that loop nest in the same IR, printed by the
+same code generator and compiled and cached by the same build step as the einsum
+kernels; runs are split across threads by stored entries (``scorch_lower_bound``
+over ``pos``) like the einsum kernels' rows.  Dense levels under the run's level
+(a vector of ``width`` values per stored entry: one score per attention head)
+make ``width`` interleaved columns, each with its own softmax.
 
-    softmax(pos, vals, scale, log=False) -> values
+Per thread: (1) each run's max and the shifted values; (2) one vectorised exp
+over the thread's whole range of values, so rows of a few entries (graphs) still
+fill the vector exp; (3) each run's sum, then the scaling.  Short runs loop as
+scalar code, long ones (attention windows) as ``omp simd`` loops.
+
+    softmax(pos, vals, scale, log=False, width=1) -> values
 """
 
 from __future__ import annotations
@@ -25,54 +31,112 @@ _C = Var
 _FNS: dict = {}
 
 
-def _kernel(vtype: str, itype: str, log: bool, vbytes: int = 64) -> Kernel:
-    pos, vals, out = _C("pos"), _C("vals"), _C("out")
-    lo, hi = Cast("int64_t", pos[_C("r")]), Cast("int64_t", pos[_C("r") + Const(1)])
-    q, m, s = _C("q"), _C("m"), _C("s")
-    x = _C("scale") * vals[q]
-    body = [Decl("const int64_t", "lo", lo), Decl("const int64_t", "hi", hi), Decl(vtype, "m", _C("-INFINITY")),
-            For("q", _C("lo"), _C("hi"), Block((Assign(m, Call("SCORCH_MAX", (m, x))),)), simd=True,
-                reduction="max:m")]
-    # out = exp(x - m): a vector of lanes at a time through the vector exp, then the rest one by one
-    rest = _C("lo")
+# Runs shorter than this loop as plain scalar code: a vectorised loop's set-up and remainder
+# cost more than they save on graph rows of a few entries (measured on AVX2: 3 vs 10 ns per
+# value at 3 entries a run), while runs of attention windows gain 2x from the vectors.
+SHORT_RUN = 32
+
+
+def _kernel(vtype: str, itype: str, log: bool, vbytes: int = 64, width: int = 1) -> Kernel:
+    """The softmax kernel over runs of ``width`` interleaved columns: value ``q * width + w`` is
+    entry ``q`` of column ``w`` (``width > 1``: a dense level under the run's, e.g. the heads of
+    a multi-head attention pattern)."""
+    pos, vals, out, work = _C("pos"), _C("vals"), _C("out"), _C("work")
+    e = work if log else out
+    finish_op = "-=" if log else "*="
+    if width == 1:
+        shift, finish = _runs_contiguous(vtype, log, pos, vals, out, e, finish_op)
+    else:
+        shift, finish = _runs_interleaved(vtype, log, width, pos, vals, out, e, finish_op)
+    # exp over the thread's whole stored range at once, a vector of lanes at a time: short runs
+    # (graph rows of a few entries) still fill the vector exp
+    q = _C("q")
+    span = (lambda p: Cast("int64_t", pos[p])) if width == 1 else (lambda p: Cast("int64_t", pos[p]) * Const(width))
+    exps = [Decl("const int64_t", "v0", span(_C("lo_t"))), Decl("const int64_t", "v1", span(_C("hi_t"))),
+            Decl("int64_t", "rest", _C("v0"))]
     if vtype == "float":
         lanes = vbytes // 4
-        blocks = Bin("/", _C("hi") - _C("lo"), Const(lanes))
-        vq = _C("lo") + _C("b") * Const(lanes)
-        vx = _C("scale") * Vec(Addr(vals, vq), vtype)
-        body.append(For("b", Const(0), blocks, Block((
-            Assign(Vec(Addr(out, vq), vtype), Call("scorch_exp_vec_float", (vx - m,))),))))
-        rest = _C("lo") + blocks * Const(lanes)
-    body += [For("q", rest, _C("hi"), Block((Assign(out[q], Call(f"scorch_exp_{vtype}", (x - m,))),))),
-             Decl(vtype, "s", Const(0.0)),
-             For("q", _C("lo"), _C("hi"), Block((Assign(s, out[q], "+="),)), simd=True, reduction="s")]
-    if log:
-        shift = m + Call("log" + ("f" if vtype == "float" else ""), (s,))
-        body += [Decl(f"const {vtype}", "shift", shift),
-                 For("q", _C("lo"), _C("hi"), Block((Assign(out[q], x - _C("shift")),)), simd=True)]
-    else:
-        body += [Decl(f"const {vtype}", "inv", Cast(vtype, Const(1.0)) / s),
-                 For("q", _C("lo"), _C("hi"), Block((Assign(out[q], out[q] * _C("inv")),)), simd=True)]
+        vq = _C("v0") + _C("b") * Const(lanes)
+        exps += [Decl("const int64_t", "blocks", Bin("/", _C("v1") - _C("v0"), Const(lanes))),
+                 For("b", Const(0), _C("blocks"), Block((
+                     Assign(Vec(Addr(e, vq), vtype), Call("scorch_exp_vec_float", (Vec(Addr(out, vq), vtype),))),))),
+                 Assign(_C("rest"), _C("v0") + _C("blocks") * Const(lanes))]
+    exps.append(For("q", _C("rest"), _C("v1"), Block((Assign(e[q], Call(f"scorch_exp_{vtype}", (out[q],))),))))
     wide = Const(1 if itype == "int64_t" else 0)
-    total = Cast("int64_t", pos[_C("n")])
+    grand = Cast("int64_t", pos[_C("n")])
 
     def bound(k):
-        return Call("scorch_lower_bound", (pos, wide, _C("n"), total * k / _C("nthr")))
+        return Call("scorch_lower_bound", (pos, wide, _C("n"), grand * k / _C("nthr")))
     region = [Decl("int64_t", "lo_t", bound(_C("tid"))), Decl("int64_t", "hi_t", bound(_C("tid") + Const(1))),
               If(_C("tid").eq(_C("nthr") - Const(1)), Block((Assign(_C("hi_t"), _C("n")),))),
-              For("r", _C("lo_t"), _C("hi_t"), Block(tuple(body)))]
+              shift, *exps, finish]
     params = (Param("nthreads", "int64_t", ("nthreads",)), Param("n", "int64_t", ("size", "n")),
               Param("pos", f"const {itype} *", ("pos",)), Param("vals", f"const {vtype} *", ("vals",)),
               Param("scale", vtype, ("scale",)), Param("out", f"{vtype} *", ("out",)))
-    name = "log_softmax" if log else "softmax"
+    if log:
+        params += (Param("work", f"{vtype} *", ("work",)),)
+    name = ("log_softmax" if log else "softmax") + (f"_w{width}" if width > 1 else "")
     return Kernel(name, params, Block((Parallel(Block(tuple(region)), _C("nthreads")),)), vector_bytes=vbytes)
 
 
-def _function(vtype: str, itype: str, log: bool):
-    key = (vtype, itype, log, build.vector_bytes())
+def _per_run(body) -> For:
+    """``for r in this thread's runs``; ``lo``/``hi`` bound run ``r``'s entries."""
+    pos = _C("pos")
+    return For("r", _C("lo_t"), _C("hi_t"), Block((
+        Decl("const int64_t", "lo", Cast("int64_t", pos[_C("r")])),
+        Decl("const int64_t", "hi", Cast("int64_t", pos[_C("r") + Const(1)])), *body)))
+
+
+def _runs_contiguous(vtype, log, pos, vals, out, e, finish_op):
+    """One column: (1) per run its max and the shifted values into ``out``; (3) per run the sum
+    of the exponentials, then scale or subtract its log.  Each loop over a run is plain scalar
+    code for a short run and ``omp simd`` for a long one."""
+    q, m, s = _C("q"), _C("m"), _C("s")
+    x = _C("scale") * vals[q]
+
+    def split(*steps):
+        def loops(simd):
+            body = []
+            for decls, stmt, red in steps:
+                body += [*decls, For("q", _C("lo"), _C("hi"), Block((stmt,)), simd=simd,
+                                     reduction=red if simd else None)]
+            return Block(tuple(body))
+        return _per_run((If((_C("hi") - _C("lo")).lt(Const(SHORT_RUN)), loops(False), loops(True)),))
+    shift = split(((Decl(vtype, "m", _C("-INFINITY")),), Assign(m, Call("SCORCH_MAX", (m, x))), "max:m"),
+                  ((), Assign(out[q], x - m), None))
+    fin = Call("log" + ("f" if vtype == "float" else ""), (s,)) if log else Cast(vtype, Const(1.0)) / s
+    finish = split(((Decl(vtype, "s", Const(0.0)),), Assign(s, e[q], "+="), "+:s"),
+                   ((Decl(f"const {vtype}", "f", fin),), Assign(out[q], _C("f"), finish_op), None))
+    return shift, finish
+
+
+def _runs_interleaved(vtype, log, width, pos, vals, out, e, finish_op):
+    """``width`` columns at once: per run, arrays of ``width`` maxima and sums; the inner loops
+    over the columns are contiguous (vectorised by the compiler for a wide enough ``width``)."""
+    q, w, m, s = _C("q"), _C("w"), _C("m"), _C("s")
+    at = q * Const(width) + w
+    x = _C("scale") * vals[at]
+
+    def cols(*stmts):
+        return For("w", Const(0), Const(width), Block(stmts))
+
+    def over_run(*stmts):
+        return For("q", _C("lo"), _C("hi"), Block((cols(*stmts),)))
+    shift = _per_run((Decl(vtype, f"m[{width}]"), cols(Assign(m[w], _C("-INFINITY"))),
+                      over_run(Assign(m[w], Call("SCORCH_MAX", (m[w], x)))),
+                      over_run(Assign(out[at], x - m[w]))))
+    fin = Call("log" + ("f" if vtype == "float" else ""), (s[w],)) if log else Cast(vtype, Const(1.0)) / s[w]
+    finish = _per_run((Decl(vtype, f"s[{width}]"), cols(Assign(s[w], Const(0.0))),
+                       over_run(Assign(s[w], e[at], "+=")), cols(Assign(s[w], fin)),
+                       over_run(Assign(out[at], s[w], finish_op))))
+    return shift, finish
+
+
+def _function(vtype: str, itype: str, log: bool, width: int = 1):
+    key = (vtype, itype, log, width, build.vector_bytes())
     fn = _FNS.get(key)
     if fn is None:
-        k = _kernel(vtype, itype, log, key[-1])
+        k = _kernel(vtype, itype, log, key[-1], width)
         fn = getattr(build.compile_library(codegen.render(k), tag="segments"), k.name)
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p if p.ctype.endswith("*") else
@@ -82,15 +146,17 @@ def _function(vtype: str, itype: str, log: bool):
     return fn
 
 
-def source(vtype: str = "float", itype: str = "int32_t", log: bool = False) -> str:
+def source(vtype: str = "float", itype: str = "int32_t", log: bool = False, width: int = 1) -> str:
     """The generated C of one softmax kernel (for inspection and tests)."""
-    return codegen.render(_kernel(vtype, itype, log, build.vector_bytes()))
+    return codegen.render(_kernel(vtype, itype, log, build.vector_bytes(), width))
 
 
-def softmax(pos: torch.Tensor, vals: torch.Tensor, scale: float = 1.0, log: bool = False) -> torch.Tensor:
-    """``softmax(scale * vals)`` (or log_softmax) within each run ``pos[r] : pos[r+1]``.
+def softmax(pos: torch.Tensor, vals: torch.Tensor, scale: float = 1.0, log: bool = False,
+            width: int = 1) -> torch.Tensor:
+    """``softmax(scale * vals)`` (or log_softmax) within each run ``pos[r] : pos[r+1]``, for each
+    of ``width`` interleaved columns (value ``q * width + w``).
 
-    ``pos``: int32/int64, non-decreasing from 0 to ``vals.numel()`` (validated where the
+    ``pos``: int32/int64, non-decreasing from 0 to ``vals.numel() / width`` (validated where the
     SparseTensor was built); ``vals``: contiguous float32/float64.  An empty run has no
     values; a run of -inf gives NaN, as torch's softmax does."""
     vtype = {torch.float32: "float", torch.float64: "double"}[vals.dtype]
@@ -100,6 +166,9 @@ def softmax(pos: torch.Tensor, vals: torch.Tensor, scale: float = 1.0, log: bool
     n = pos.numel() - 1
     if n <= 0 or vals.numel() == 0:
         return out
-    _function(vtype, itype, log)(build.threads_for(vals.numel() * 8), n, pos.data_ptr(), vals.data_ptr(), scale,
-                                 out.data_ptr())
+    args = [build.threads_for(vals.numel() * 8), n, pos.data_ptr(), vals.data_ptr(), scale, out.data_ptr()]
+    if log:  # the exponentials, summed per run (out keeps the shifted values)
+        work = torch.empty_like(vals)
+        args.append(work.data_ptr())
+    _function(vtype, itype, log, width)(*args)
     return out

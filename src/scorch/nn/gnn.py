@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import convert
+from ..format import Format, compressed, dense
 from ..errors import ScorchTypeError, ScorchValueError
 from ..interop import is_sparse, sparse_coo
 from ..ops.einsum import einsum_add
@@ -109,19 +110,26 @@ def _mean_adj(adj, n: int, dtype) -> SparseTensor:
     return _csr(row, col, w / deg[row], n)
 
 
-def _gat_pattern(adj, n: int, add_self_loops: bool, dtype):
-    """``(A, row, col, pos)``: the 0/1 CSR pattern (self-loops replaced by one per node when
-    asked) and each stored entry's coordinates and index into ``A.values()`` (``pos`` is
-    None when that index is the identity, as for CSR)."""
+def _gat_pattern(adj, n: int, add_self_loops: bool, heads: int, dtype):
+    """``(A, row, col)``: the pattern (self-loops replaced by one per node when asked) as a
+    ``heads x n x n`` batched CSR -- every head's scores are one tensor, one softmax, one SpMM --
+    and the coordinates of one head's stored entries, in storage order."""
     row, col, _ = _edges(adj, n, "GATConv")
     if add_self_loops:
         keep = row != col
         nodes = torch.arange(n)
         row, col = torch.cat([row[keep], nodes]), torch.cat([col[keep], nodes])
-    A = _csr(row, col, torch.ones(row.numel(), dtype=dtype), n)
-    coords, _, pos = convert.coords_of(A._format, A._shape, A._pos, A._crd, A._values, positions=True)
-    in_order = pos.numel() == A._values.numel() and torch.equal(pos, torch.arange(pos.numel()))
-    return A, coords[0], coords[1], None if in_order else pos
+    A = _csr(row, col, torch.ones(row.numel(), dtype=dtype), n)   # sorted, duplicates merged
+    rows, crd, nnz = A._pos[1], A._crd[1], A._values.numel()
+    row = torch.repeat_interleave(torch.arange(n), (rows[1:] - rows[:-1]).to(torch.int64), output_size=nnz)
+    offsets = torch.arange(heads, dtype=rows.dtype).mul_(nnz).view(heads, 1)
+    batched = torch.cat([(rows[:-1] + offsets).flatten(), rows[-1:] + (heads - 1) * nnz])
+    per_head = SparseTensor(_HEADS_FORMAT, (heads, n, n), (None, None, batched), (None, None, crd.repeat(heads)),
+                            torch.ones(nnz * heads, dtype=dtype), nnz=nnz * heads)
+    return per_head, row, crd.to(torch.int64)
+
+
+_HEADS_FORMAT = Format((dense, dense, compressed))
 
 
 # ---------------------------------------------------------------- cache and shared checks
@@ -302,21 +310,20 @@ class GATConv(_GraphConv):
     def forward(self, x: torch.Tensor, adj) -> torch.Tensor:
         _check_x(x, self.in_channels, "GATConv")
         n, H, C = x.shape[0], self.heads, self.out_channels
-        A, row, col, pos = self._adjacency(adj, x, lambda: _gat_pattern(adj, n, self.add_self_loops, x.dtype))
+        A, row, col = self._adjacency(adj, x, lambda: _gat_pattern(adj, n, self.add_self_loops, H, x.dtype))
         h = self.lin(x).view(n, H, C)
-        a_src, a_dst = (h * self.att_src).sum(-1), (h * self.att_dst).sum(-1)   # n x H
-        scores = F.leaky_relu(a_dst[row] + a_src[col], self.negative_slope)     # nnz x H
-        heads = [self._attend(A, pos, scores[:, k], h[:, k]) for k in range(H)]
-        out = torch.cat(heads, 1) if self.concat else torch.stack(heads).mean(0)
-        return out if self.bias is None else out + self.bias
-
-    def _attend(self, A: SparseTensor, pos, e, h):
-        """One head: sparse softmax of the scores ``e`` over each row, times ``h``."""
-        vals = e.contiguous() if pos is None else e.new_zeros(A._values.shape).index_put((pos,), e)
-        alpha = torch.softmax(A.with_values(vals), dim=1)
+        a_src, a_dst = (h * self.att_src).sum(-1).t(), (h * self.att_dst).sum(-1).t()   # H x n
+        scores = F.leaky_relu(a_dst[:, row] + a_src[:, col], self.negative_slope)     # H x nnz
+        # every head at once: a softmax over each row of each head, then
+        # out[i, h, :] = sum_j alpha[h, i, j] h[j, h, :], written straight into the concatenated layout
+        alpha = torch.softmax(A.with_values(scores.reshape(-1)), dim=2)
         if self.dropout and self.training:
             alpha = alpha.with_values(F.dropout(alpha.values(), self.dropout, training=True))
-        return alpha @ h.contiguous()
+        if self.concat:
+            bias = () if self.bias is None else (self.bias.view(H, C),)
+            return einsum_add("hij,jhk->ihk", (alpha, h), bias).reshape(n, H * C)
+        out = einsum_add("hij,jhk->ihk", (alpha, h), ()).mean(1)
+        return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}, concat={self.concat}"

@@ -16,6 +16,8 @@ generated kernel instead (:mod:`scorch.compiler.segments`).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .._dispatch import implements
@@ -136,15 +138,16 @@ def _softmax(x: SparseTensor, dim, log: bool, dtype=None, op="softmax", scale: f
     vals = x.values()
     if dtype is not None:
         vals = vals.to(dtype)
-    lengths = _row_segments(x, d)
-    if lengths is not None and vals.dtype in (torch.float32, torch.float64) and build.have_compiler() \
+    runs = _row_runs(x, d)
+    if runs is not None and vals.dtype in (torch.float32, torch.float64) and build.have_compiler() \
             and not (torch.is_grad_enabled() and vals.requires_grad):
-        # runs of the innermost level: one generated kernel (max, exp-sum, scale per run)
-        res = segments.softmax(x._pos[-1], vals, scale, log)
+        # runs of d's level: one generated kernel (max, exp-sum, scale per run and column)
+        res = segments.softmax(runs[0], vals, scale, log, runs[1])
         return x._like(values=res, nnz=x._nnz)
     if scale != 1.0:
         vals = vals * scale
-    if lengths is not None:  # each group is one contiguous run of the innermost level (CSR rows)
+    if runs is not None and runs[1] == 1:  # each group is one contiguous run (CSR rows)
+        lengths = (runs[0][1:] - runs[0][:-1]).to(torch.int64)
         m = torch.segment_reduce(vals.detach(), "max", lengths=lengths, unsafe=True)
         shifted = vals - m.repeat_interleave(lengths, output_size=vals.numel())
         e = shifted.exp()
@@ -164,16 +167,19 @@ def _softmax(x: SparseTensor, dim, log: bool, dtype=None, op="softmax", scale: f
     return x.detach().with_values(full) if full.requires_grad else x._like(values=full, nnz=x._nnz)
 
 
-def _row_segments(x: SparseTensor, d: int):
-    """Lengths of the runs of stored values that share all coordinates but ``d``, when ``d`` is
-    the innermost level, compressed, under levels that are dense or compressed (CSR rows, CSC
-    columns, CSF fibres); None otherwise."""
+def _row_runs(x: SparseTensor, d: int):
+    """``(pos, width)`` when softmax along ``d`` is over runs ``pos[r] : pos[r+1]`` of stored
+    entries: ``d``'s level compressed, the levels above it dense or compressed (CSR rows, CSC
+    columns, CSF fibres), any below it dense, ``width`` entries per position (a CSR pattern
+    with a dense vector per stored entry, e.g. one score per attention head); None otherwise."""
     f = x._format
-    if f.block or f.order[-1] != d or f.levels[-1].kind != "compressed" or \
-            any(lv.kind not in ("dense", "compressed") for lv in f.levels):
+    if f.block or d not in f.order:
         return None
-    pos = x._pos[-1]
-    return (pos[1:] - pos[:-1]).to(torch.int64)
+    at = f.order.index(d)
+    if f.levels[at].kind != "compressed" or any(lv.kind not in ("dense", "compressed") for lv in f.levels[:at]) \
+            or any(lv.kind != "dense" for lv in f.levels[at + 1:]):
+        return None
+    return x._pos[at], math.prod(x._shape[k] for k in f.order[at + 1:])
 
 
 def scaled_softmax(x: SparseTensor, dim: int, scale: float) -> SparseTensor:
