@@ -371,3 +371,17 @@ def test_matches_pyg(name):
     x = feats()
     ei = EDGE_INDEX[:, EDGE_INDEX[0] != EDGE_INDEX[1]]  # no existing self-loop: no loop-weight conventions to differ on
     torch.testing.assert_close(ours(x, ei), theirs(x, ei))
+
+
+def test_gat_heads_pattern_widens_its_index_past_int32(monkeypatch):
+    """heads x stored entries beyond int32: the batched pattern's positions go to int64."""
+    from scorch import convert
+    from scorch.nn.gnn import _gat_pattern
+    P, _, _ = _gat_pattern(EDGE_INDEX, N, True, 3, torch.float64)
+    assert P._pos[2].dtype == torch.int32
+    monkeypatch.setattr(convert, "_INT32_MAX", P._values.numel() - 1)
+    W, _, _ = _gat_pattern(EDGE_INDEX, N, True, 3, torch.float64)
+    assert W._pos[2].dtype == torch.int64 and W._crd[2].dtype == torch.int64
+    torch.testing.assert_close(W._pos[2], P._pos[2].to(torch.int64))
+    layer = randomize(GATConv(5, 4, heads=3).double())
+    torch.testing.assert_close(layer(feats(), EDGE_INDEX), gat_oracle(layer, feats(), dense_adj()))

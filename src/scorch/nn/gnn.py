@@ -122,6 +122,8 @@ def _gat_pattern(adj, n: int, add_self_loops: bool, heads: int, dtype):
     A = _csr(row, col, torch.ones(row.numel(), dtype=dtype), n)   # sorted, duplicates merged
     rows, crd, nnz = A._pos[1], A._crd[1], A._values.numel()
     row = torch.repeat_interleave(torch.arange(n), (rows[1:] - rows[:-1]).to(torch.int64), output_size=nnz)
+    if heads * nnz > convert._INT32_MAX:   # the heads' positions outgrow int32
+        rows, crd = rows.to(torch.int64), crd.to(torch.int64)
     offsets = torch.arange(heads, dtype=rows.dtype).mul_(nnz).view(heads, 1)
     batched = torch.cat([(rows[:-1] + offsets).flatten(), rows[-1:] + (heads - 1) * nnz])
     per_head = SparseTensor(_HEADS_FORMAT, (heads, n, n), (None, None, batched), (None, None, crd.repeat(heads)),
