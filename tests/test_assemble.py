@@ -107,3 +107,16 @@ def test_sort_routines(name):
         a = x.to(torch.int64).contiguous().clone()
         run(a.data_ptr(), a.numel())
         assert a.tolist() == sorted(x.tolist())
+
+
+@pytest.mark.parametrize("limit,want", [(None, torch.int32), (50, torch.int64)], ids=["int32", "int64"])
+def test_fill_writes_the_results_index_type(monkeypatch, limit, want):
+    """The fill pass writes coordinates in the result's index type: int32 normally, int64 when
+    the entries or a dimension outgrow int32 (forced here through a lowered limit)."""
+    from scorch.compiler import driver
+    if limit is not None:
+        monkeypatch.setattr(driver, "_INT32_MAX", limit)
+    DA = random_csr(40, 30, [0, 3, 7, 30], seed=5)
+    DB = random_csr(30, 60, [1, 4, 60], seed=6)
+    C = check_product(DA, DB)
+    assert C.pos(1).dtype == want and C.crd(1).dtype == want

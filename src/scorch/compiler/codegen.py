@@ -83,12 +83,13 @@ static inline int64_t scorch_sort(int64_t *a, int64_t n) {
 }
 
 /* The assembled row of a sparse result, ascending: lst[0..len) its distinct columns (set in
-   bits too), wsp[column] their values; writes crd[0..len), val[0..len) and clears the bits.
+   bits too), wsp[column] their values; writes crd[0..len) (of index type I), val[0..len) and
+   clears the bits.
    A row whose bitset has at most 16 words per entry is read off the bitset (a word scan and
    a count-trailing-zeros per entry: no comparisons to mispredict); a sparser one is sorted. */
-#define SCORCH_ROW_OUT(T)                                                                        \\
-static inline void scorch_row_out_##T(int64_t *lst, int64_t len, uint64_t *bits, int64_t words,   \\
-                                      const T *wsp, int64_t *crd, T *val) {                       \\
+#define SCORCH_ROW_OUT(T, I)                                                                     \\
+static inline void scorch_row_out_##T##_##I(int64_t *lst, int64_t len, uint64_t *bits,               \\
+                                            int64_t words, const T *wsp, I *crd, T *val) {           \\
   if (words <= 16 * len) {                                                                        \\
     int64_t e = 0;                                                                                \\
     for (int64_t w = 0; w < words; w++) {                                                         \\
@@ -96,18 +97,20 @@ static inline void scorch_row_out_##T(int64_t *lst, int64_t len, uint64_t *bits,
       if (!b) continue;                                                                           \\
       bits[w] = 0;                                                                                \\
       while (b && e < len) {  /* e < len: never past the row, whatever the bits hold */          \\
-        const int64_t k = w * 64 + __builtin_ctzll(b); crd[e] = k; val[e] = wsp[k]; e++; b &= b - 1; \\
+        const int64_t k = w * 64 + __builtin_ctzll(b); crd[e] = (I)k; val[e] = wsp[k]; e++; b &= b - 1; \\
       }                                                                                           \\
     }                                                                                             \\
   } else {                                                                                        \\
     scorch_sort(lst, len);                                                                        \\
     for (int64_t e = 0; e < len; e++) {                                                           \\
-      const int64_t k = lst[e]; crd[e] = k; val[e] = wsp[k]; bits[k >> 6] = 0;                   \\
+      const int64_t k = lst[e]; crd[e] = (I)k; val[e] = wsp[k]; bits[k >> 6] = 0;                \\
     }                                                                                             \\
   }                                                                                               \\
 }
-SCORCH_ROW_OUT(float)
-SCORCH_ROW_OUT(double)
+SCORCH_ROW_OUT(float, int64_t)
+SCORCH_ROW_OUT(double, int64_t)
+SCORCH_ROW_OUT(float, int32_t)
+SCORCH_ROW_OUT(double, int32_t)
 """
 
 

@@ -170,7 +170,9 @@ _MAX_STATIC_ROW = 1024  # longest innermost dense loop specialised on its length
 
 def _make_plan(ein, sched, vtype, static, n_init=0, vbytes=64) -> Plan:
     if sched.output[0] == "assemble":
-        kernels = (lower(sched, vtype, "count", vector_bytes=vbytes), lower(sched, vtype, "fill", vector_bytes=vbytes))
+        # count, then fill writing int64 or int32 coordinates (the result's index type, known once counted)
+        kernels = (lower(sched, vtype, "count", vector_bytes=vbytes), lower(sched, vtype, "fill", vector_bytes=vbytes),
+                   lower(sched, vtype, "fill", vector_bytes=vbytes, out_index="int32_t"))
         out_fmt = f"sparse, {preset('csr', len(ein.output))} assembled through a dense workspace"
     else:
         kernels = (lower(sched, vtype, static=static, n_init=n_init, vector_bytes=vbytes),)
@@ -543,6 +545,9 @@ def _run(plan: Plan, ein: Einsum, ops, cdtype, init=()):
     return _assemble(plan, ops, size, cdtype, nthreads, out_shape)
 
 
+_INT32_MAX = 2**31 - 1   # an assembled result with more entries or a longer dimension gets int64 indices
+
+
 def _assemble(plan, ops, size, cdtype, nthreads, out_shape):
     """Two passes over the same loop nest: nonzeros per output row, then coordinates and values."""
     rows = 1
@@ -556,18 +561,18 @@ def _assemble(plan, ops, size, cdtype, nthreads, out_shape):
     torch.cumsum(counts, 0, out=rowpos[1:])
     nnz = int(rowpos[-1])
     marks.fill_(-1)
-    crd = torch.empty(nnz, dtype=torch.int64)
+    idx = torch.int32 if max(nnz, *out_shape) <= _INT32_MAX else torch.int64
+    crd = torch.empty(nnz, dtype=idx)   # written in the result's index type: no conversion pass
     vals = torch.empty(nnz, dtype=cdtype)
-    _call(plan, plan.kernels[1], ops, size, cdtype,
+    _call(plan, plan.kernels[2 if idx == torch.int32 else 1], ops, size, cdtype,
           {"nthreads": nthreads, "rowpos": rowpos, "marks": marks, "list": torch.empty_like(marks),
            "ws": torch.empty(max(nthreads * width, 1), dtype=cdtype),
            "bits": torch.zeros(max(nthreads * ((width + 63) // 64), 1), dtype=torch.int64),
            "out_crd": crd, "out": vals})
     fmt = preset("csr", len(out_shape))
-    idx = torch.int32 if max(nnz, *out_shape) < 2**31 else torch.int64
     n = len(out_shape)
     pos = (None,) * (n - 1) + (rowpos.to(idx),)
-    crds = (None,) * (n - 1) + (crd.to(idx),)
+    crds = (None,) * (n - 1) + (crd,)
     return SparseTensor(fmt, out_shape, pos, crds, vals, nnz=nnz)
 
 

@@ -53,8 +53,10 @@ class _State:
 
 
 class _Lowerer:
-    def __init__(self, s: Schedule, vtype: str, phase: str, static: dict, n_init: int = 0, vbytes: int = 64):
+    def __init__(self, s: Schedule, vtype: str, phase: str, static: dict, n_init: int = 0, vbytes: int = 64,
+                 out_index: str = "int64_t"):
         self.s, self.vtype, self.phase, self.ein, self.static = s, vtype, phase, s.einsum, static
+        self.out_index = out_index
         self.vbytes = vbytes
         self.split = {v: (o, i, b) for v, o, i, b in s.splits}
         self.split_parts = {o: v for v, o, _, _ in s.splits} | {i: v for v, _, i, _ in s.splits}
@@ -122,7 +124,7 @@ class _Lowerer:
             ps += [Param("rowpos", "const int64_t *", ("rowpos",)), Param("marks", "int64_t *", ("marks",)),
                    Param("list", "int64_t *", ("list",)), Param("ws", f"{vt} *", ("ws",)),
                    Param("bits", "uint64_t *", ("bits",)),
-                   Param("out_crd", "int64_t *", ("out_crd",)), Param("out", f"{vt} *", ("out",))]
+                   Param("out_crd", f"{self.out_index} *", ("out_crd",)), Param("out", f"{vt} *", ("out",))]
         else:
             ps.append(Param("out", f"{vt} *", ("out",)))
         return tuple(ps)
@@ -198,6 +200,8 @@ class _Lowerer:
         if s.parallel == "serial" or (s.output[0] == "assemble" and not self.rows):
             body = [If(_C("tid").eq(Const(0)), Block(tuple(body)))]
         name = {"count": "kernel_count", "fill": "kernel_fill"}.get(self.phase, "kernel")
+        if self.phase == "fill" and self.out_index != "int64_t":
+            name += "_" + self.out_index.replace("_t", "")
         params = self.params + tuple(Param(f"ncrd{t}_{k}", "int64_t", ("ncrd", t, k))
                                      for t, k in sorted(self.crd_lengths))
         return Kernel(name, params, Block((Parallel(Block(tuple(self.prelude()) + tuple(body)),
@@ -690,7 +694,7 @@ class _Lowerer:
         base = _C("rowpos")[_C("row")]
         args = (_C("lst"), _C("len"), _C("bit"), _C("nwords"), _C("wsp"),
                 Addr(_C("out_crd"), base), Addr(_C("out"), base))
-        return [Eval(Call(f"scorch_row_out_{self.vtype}", args))]
+        return [Eval(Call(f"scorch_row_out_{self.vtype}_{self.out_index}", args))]
 
     # -------------------------------------------------------------- threads
     def parallelise(self, loop: For, iters):
@@ -745,7 +749,7 @@ def _present(expr) -> set:
 
 
 def lower(schedule: Schedule, vtype: str, phase: str = "compute", static: dict | None = None,
-          n_init: int = 0, vector_bytes: int = 64) -> Kernel:
+          n_init: int = 0, vector_bytes: int = 64, out_index: str = "int64_t") -> Kernel:
     """Lower ``schedule`` to a kernel computing in ``vtype`` ("float" or "double").
 
     ``phase``: "compute" (dense or pattern output), or "count" / "fill" (the two
@@ -753,7 +757,11 @@ def lower(schedule: Schedule, vtype: str, phase: str = "compute", static: dict |
     constants (the row workspace needs its length at compile time).  ``n_init``: dense
     output-shaped operands the result starts from (``Kernel.fused_init`` says whether the
     loop nest could take them; the caller adds them afterwards otherwise).  ``vector_bytes``:
-    the width of the target's vector registers (16, 32 or 64), the width of ``scorch_vec_*``."""
+    the width of the target's vector registers (16, 32 or 64), the width of ``scorch_vec_*``.
+    ``out_index``: the C type of the coordinates a "fill" pass writes ("int64_t" or "int32_t",
+    the assembled result's index type)."""
     if vector_bytes not in (16, 32, 64):
         raise ValueError(f"lower: vector_bytes must be 16, 32 or 64, got {vector_bytes!r}")
-    return _Lowerer(schedule, vtype, phase, static or {}, n_init, vector_bytes).lower()
+    if out_index not in ("int64_t", "int32_t"):
+        raise ValueError(f"lower: out_index must be 'int64_t' or 'int32_t', got {out_index!r}")
+    return _Lowerer(schedule, vtype, phase, static or {}, n_init, vector_bytes, out_index).lower()
