@@ -5,10 +5,8 @@
 
 import argparse
 
-import numpy as np
 import torch
 
-import scorch
 from scorch.datasets import load_graph
 from scorch.nn import GCNConv
 
@@ -21,11 +19,9 @@ def main():
     g = load_graph("cora")
     n = g.num_nodes
     A = g.adjacency("csr")                                   # a SparseTensor adjacency
-    indptr, indices, data, shape = (g.extras[k] for k in ("x_indptr", "x_indices", "x_data", "x_shape"))
-    rows = np.repeat(np.arange(shape[0]), np.diff(indptr))
-    X = scorch.sparse_coo(np.stack([rows, indices]), data.astype(np.float32), tuple(shape)).to_dense()
+    X = g.features().to_dense()                              # bag-of-words, 2708 x 1433
     X = X / X.sum(1, keepdim=True).clamp(min=1)
-    y = torch.from_numpy(g.extras["y"]).long()
+    y = g.labels()
     perm = torch.randperm(n)
     train, test = perm[:700], perm[1708:]
 

@@ -317,3 +317,23 @@ def test_pruned_weight_errors():
         pruned_weight(4, 4, 1.5)
     with pytest.raises(ScorchValueError, match="in_features"):
         pruned_weight(4, 0, 0.5)
+
+
+def test_graph_features_and_labels():
+    """Cora's stored bag-of-words as CSR, against a dense matrix filled from the raw arrays."""
+    import numpy as np
+    g = load_graph("cora")
+    X = g.features()
+    indptr, indices, data, shape = (np.asarray(g.extras[k]) for k in ("x_indptr", "x_indices", "x_data", "x_shape"))
+    want = torch.zeros(tuple(int(v) for v in shape))
+    for r in range(0, int(shape[0]), 97):   # every 97th row
+        want[r, torch.from_numpy(indices[indptr[r]:indptr[r + 1]].astype(np.int64))] = \
+            torch.from_numpy(data[indptr[r]:indptr[r + 1]]).float()
+    assert isinstance(X, scorch.SparseTensor) and X.format == scorch.formats.csr
+    assert X.shape == (2708, 1433) and X.dtype == torch.float32 and X.nnz == len(data)
+    torch.testing.assert_close(X.to_dense()[::97], want[::97])
+    assert g.features(torch.float64).dtype == torch.float64
+    y = g.labels()
+    assert y.dtype == torch.int64 and y.shape == (2708,) and torch.equal(y, torch.from_numpy(g.extras["y"]).long())
+    bare = power_law_graph(50, 200)
+    assert bare.features() is None and bare.labels() is None

@@ -42,6 +42,22 @@ class Graph:
         ones = torch.ones(self.edge_index.shape[1], dtype=dtype)
         return sparse_coo(self.edge_index, ones, (self.num_nodes, self.num_nodes), format=format)
 
+    def features(self, dtype=torch.float32) -> SparseTensor | None:
+        """The node features stored with the graph (``x_indptr`` / ``x_indices`` / ``x_data`` /
+        ``x_shape``: Cora's and CiteSeer's bag-of-words) as a CSR SparseTensor, or None."""
+        keys = ("x_indptr", "x_indices", "x_data", "x_shape")
+        if not all(k in self.extras for k in keys):
+            return None
+        indptr, indices, data, shape = (np.asarray(self.extras[k]) for k in keys)
+        return SparseTensor.from_levels("csr", tuple(int(v) for v in shape),
+                                        [None, torch.from_numpy(indptr.astype(np.int64))],
+                                        [None, torch.from_numpy(indices.astype(np.int64))],
+                                        torch.from_numpy(data).to(dtype))
+
+    def labels(self) -> torch.Tensor | None:
+        """The node labels stored with the graph (``y``) as int64, or None."""
+        return torch.from_numpy(np.asarray(self.extras["y"], dtype=np.int64)) if "y" in self.extras else None
+
 
 def load_graph(name_or_path: str | os.PathLike = "cora", data_dir: str | os.PathLike | None = None) -> Graph:
     """Load ``cora`` (shipped), another named graph from ``data_dir``/``$SCORCH_DATA``, or an ``.npz`` path."""
