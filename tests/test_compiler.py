@@ -87,6 +87,31 @@ def test_spmm_plan_is_row_parallel_with_k_innermost():
 
 
 @needs_cc
+def test_vector_per_entry_loops_its_dense_level_outside_the_walk():
+    """A (dense, compressed, dense) operand -- one vector per stored entry, e.g. a score per
+    attention head -- times a dense one: i -> h -> j -> k, locating h under j, so each
+    output row (i, h, :) accumulates in registers; rows stay outermost and parallel."""
+    from scorch.format import Format, compressed, dense
+    fmt = Format((dense, compressed, dense))
+    mask = (rnd(30, 20, density=0.25) != 0).unsqueeze(-1).double()
+    T = scorch.as_sparse(rnd(30, 20, 3, density=1) * mask, fmt)
+    plan = check("ijh,jhk->ihk", T, rnd(20, 3, 16, density=1))
+    assert plan.loop_order == ("i", "h", "j", "k") and plan.parallel == "rows"
+    assert "scorch_vec_double w0" in plan.source
+    check("ijh,jhk->hik", T, rnd(20, 3, 16, density=1))
+    check("ijh,jhk->ik", T, rnd(20, 3, 16, density=1))
+    check("ijh,jh->ih", T, rnd(20, 3, density=1))
+    check("ijh->ih", T)
+    check("ijh,ihk,jhk->ih", T, rnd(30, 3, 8, density=1), rnd(20, 3, 8, density=1))
+    check("ijh,ih->ijh", T, rnd(30, 3, density=1), sparse_out=True)
+    check("ijh,ihk,jhk->ijh", T, rnd(30, 3, 8, density=1), rnd(20, 3, 8, density=1), sparse_out=True)
+    T32 = scorch.as_sparse(rnd(30, 20, 8, density=1, dtype=torch.float32) * mask.float(), fmt)
+    check("ijh,jhk->ihk", T32, rnd(20, 8, 64, density=1, dtype=torch.float32))
+    B = scorch.as_sparse(rnd(2, 30, 20, 3, density=1) * mask, Format((dense, dense, compressed, dense)))
+    check("bijh,bjhk->bihk", B, rnd(2, 20, 3, 16, density=1))
+
+
+@needs_cc
 @pytest.mark.parametrize("k", [1, 8, 16, 24, 48, 64, 256, 1100])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("fmt", ["csr", "coo", "ell", scorch.formats.bsr(2, 3)], ids=str)

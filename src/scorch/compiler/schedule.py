@@ -54,14 +54,16 @@ class Schedule:
     row_workspace: tuple = ()    # (var, depth): accumulate out[..., var] in a local row from this depth
 
 
-def _rank(v, ops, output, first_seen):
+def _rank(v, ops, output, first_seen, hoist=False):
     """Loop-order priority among ready variables (smaller goes outer).
 
     * a variable only dense operands use sits outermost if it is an output index
       before every sparse output index (rows of the output: disjoint writes),
       else innermost (contiguous, vectorisable: the K of SpMM, the R of MTTKRP);
     * otherwise: walking a sparse level first (it filters the work), then
-      output indices in output order, then the rest.
+      output indices in output order, then the rest;
+    * ``hoist`` (a dense result): when a dense level of a sparse operand sits under a walked
+      one, the output indices of dense levels go outermost, in output order.
     """
     base = v.split("_")[0]
     sparse_vars = {u for op in ops if op.sparse for u in op.level_vars()}
@@ -73,12 +75,29 @@ def _rank(v, ops, output, first_seen):
     iterates = any(op.sparse and v in op.level_vars() and
                    op.fmt.levels[op.level_vars().index(v)].kind != "dense" for op in ops)
     in_out = base in output
+    if hoist and not iterates and in_out and v == base and any(_under_a_walk(u, ops) for u in sparse_vars):
+        # dense levels index the output, one of them under a walked level (a vector per stored
+        # entry: one value per attention head): loop over them in output order outside the walk,
+        # locating into the level under it, so the walk's reduction accumulates each output row
+        # in registers (``ijh,jhk->ihk``: i -> h -> j -> k, rows still outermost)
+        return (-1, output.index(base), first_seen[v])
     return (0 if iterates else 1 if in_out else 2, output.find(base) if in_out else 0, first_seen[v])
 
 
-def _order_vars(ops, output: str, all_vars, first: tuple = ()):
+def _under_a_walk(v, ops) -> bool:
+    """``v`` is the variable of a dense level below a walked (non-dense) level of a sparse
+    operand, and no operand walks it."""
+    for op in ops:
+        if op.sparse and v in op.level_vars():
+            k = op.level_vars().index(v)
+            if op.fmt.levels[k].kind == "dense" and any(lv.kind != "dense" for lv in op.fmt.levels[:k]):
+                return True
+    return False
+
+
+def _order_vars(ops, output: str, all_vars, first: tuple = (), hoist: bool = False):
     """A loop order obeying each sparse operand's level order, with the variables in
-    ``first`` outermost in that order; None if there is none."""
+    ``first`` outermost in that order; None if there is none.  ``hoist``: see :func:`_rank`."""
     before: dict = {v: set() for v in all_vars}
     for op in ops:
         if op.sparse:  # a level that is walked needs every level above it bound; dense levels locate
@@ -97,7 +116,7 @@ def _order_vars(ops, output: str, all_vars, first: tuple = ()):
         ready = [v for v in all_vars if v not in placed and before[v] <= placed]
         if not ready:
             return None
-        v = min(ready, key=lambda u: _rank(u, ops, output, first_seen))
+        v = min(ready, key=lambda u: _rank(u, ops, output, first_seen, hoist))
         order.append(v)
         placed.add(v)
     return tuple(order)
@@ -161,7 +180,7 @@ def make_schedule(einsum: Einsum, operands, out_format: str, expr=None) -> Sched
             if op.sparse and (new := _unique_compressed(op)).fmt != op.fmt:
                 notes.append(f"operand {k} re-formatted {op.fmt} -> {new.fmt}: output rows are assembled once each")
                 ops[k] = new
-    order = _order_vars(ops, einsum.output, all_vars, rows)
+    order = _order_vars(ops, einsum.output, all_vars, rows, hoist=output[0] == "dense")
     if order is None and rows:  # re-order operands whose levels put another index before the rows
         for k, op in enumerate(ops):
             if op.sparse and not op.fmt.block:
