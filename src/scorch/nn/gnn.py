@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import convert
-from ..format import Format, compressed, dense
 from ..errors import ScorchTypeError, ScorchValueError
+from ..format import Format, compressed, dense
 from ..interop import is_sparse, sparse_coo
 from ..ops.einsum import einsum_add
 from ..tensor import SparseTensor
