@@ -163,13 +163,17 @@ def test_softmax_kernel_with_dense_levels_below(monkeypatch, dtype, log, levels,
                                rtol=1e-5, atol=1e-6)
 
 
-def test_softmax_with_dense_levels_below_is_differentiable():
-    """With a gradient the general path runs; it agrees with the kernel and gradchecks."""
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("levels,shape,dim", [(("dense", "compressed", "dense"), (4, 5, 2), 1),
+                                              (("compressed", "dense"), (5, 3), 0)], ids=["dcd", "cd"])
+def test_softmax_with_dense_levels_below_is_differentiable(log, levels, shape, dim):
+    """With a gradient the differentiable per-run path runs (segment reductions over the runs,
+    a column per position of the dense levels); it agrees with the kernel and gradchecks."""
     from scorch.format import Format, Level
-    fmt = Format((Level("dense"), Level("compressed"), Level("dense")))
-    P = scorch.as_sparse(rnd(4, 5, 2), fmt)
+    fn = torch.log_softmax if log else torch.softmax
+    P = scorch.as_sparse(rnd(*shape), Format(tuple(Level(k) for k in levels)))
     v = P.values().clone().requires_grad_()
     with torch.no_grad():
-        fast = torch.softmax(P, 1).values()
-    torch.testing.assert_close(torch.softmax(P.with_values(v), 1).values(), fast)
-    assert torch.autograd.gradcheck(lambda v: torch.softmax(P.with_values(v), 1).values(), (v,))
+        fast = fn(P, dim).values()
+    torch.testing.assert_close(fn(P.with_values(v), dim).values(), fast)
+    assert torch.autograd.gradcheck(lambda v: fn(P.with_values(v), dim).values(), (v,))

@@ -146,14 +146,15 @@ def _softmax(x: SparseTensor, dim, log: bool, dtype=None, op="softmax", scale: f
         return x._like(values=res, nnz=x._nnz)
     if scale != 1.0:
         vals = vals * scale
-    if runs is not None and runs[1] == 1:  # each group is one contiguous run (CSR rows)
+    if runs is not None:  # each group is one contiguous run (CSR rows), per column of the width
         lengths = (runs[0][1:] - runs[0][:-1]).to(torch.int64)
-        m = torch.segment_reduce(vals.detach(), "max", lengths=lengths, unsafe=True)
-        shifted = vals - m.repeat_interleave(lengths, output_size=vals.numel())
+        cols = vals.view(-1, runs[1])
+        m = torch.segment_reduce(cols.detach(), "max", lengths=lengths, axis=0, unsafe=True)
+        shifted = cols - m.repeat_interleave(lengths, dim=0, output_size=cols.shape[0])
         e = shifted.exp()
-        total = torch.segment_reduce(e, "sum", lengths=lengths, unsafe=True)
-        total = total.repeat_interleave(lengths, output_size=vals.numel())
-        res = shifted - total.log() if log else e / total
+        total = torch.segment_reduce(e, "sum", lengths=lengths, axis=0, unsafe=True)
+        total = total.repeat_interleave(lengths, dim=0, output_size=cols.shape[0])
+        res = (shifted - total.log() if log else e / total).reshape(-1)
         return x.detach().with_values(res) if res.requires_grad else x._like(values=res, nnz=x._nnz)
     coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
     v = vals[where]
