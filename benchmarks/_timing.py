@@ -18,16 +18,3 @@ def timeit(fns, repeat: int):
             ts[k].append(time.perf_counter() - t0)
     return [statistics.median(t) for t in ts]
 
-
-def add_malloc_option(ap):
-    ap.add_argument("--default-malloc", action="store_true",
-                    help="leave glibc's malloc as it is (default: keep freed large blocks for reuse, "
-                         "for scorch's and torch's outputs alike; see scorch.runtime.keep_freed_memory)")
-
-
-def apply_malloc_option(args) -> str:
-    """Apply ``--default-malloc`` (or not) and describe the allocator for the header line."""
-    from scorch import runtime
-    if not args.default_malloc and runtime.keep_freed_memory():
-        return "malloc keeps freed large blocks (scorch.runtime.keep_freed_memory)"
-    return "default malloc (outputs over 32 MiB are fresh mmaps)"

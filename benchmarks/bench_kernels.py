@@ -22,10 +22,11 @@ from pathlib import Path
 import torch
 
 import scorch
+from scorch.bench.report import add_malloc_option, apply_malloc_option
 from scorch.datasets import load_graph, rmat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import add_malloc_option, apply_malloc_option, timeit  # noqa: E402
+from _timing import timeit  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*beta.*")
 

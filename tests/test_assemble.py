@@ -113,9 +113,9 @@ def test_sort_routines(name):
 def test_fill_writes_the_results_index_type(monkeypatch, limit, want):
     """The fill pass writes coordinates in the result's index type: int32 normally, int64 when
     the entries or a dimension outgrow int32 (forced here through a lowered limit)."""
-    from scorch.compiler import driver
+    from scorch import convert
     if limit is not None:
-        monkeypatch.setattr(driver, "_INT32_MAX", limit)
+        monkeypatch.setattr(convert, "_INT32_MAX", limit)
     DA = random_csr(40, 30, [0, 3, 7, 30], seed=5)
     DB = random_csr(30, 60, [1, 4, 60], seed=6)
     C = check_product(DA, DB)

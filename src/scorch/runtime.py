@@ -180,7 +180,7 @@ def keep_freed_memory() -> bool:
     the process keeps its peak heap."""
     import ctypes
     import ctypes.util
-    if platform.system() != "Linux" or not platform.libc_ver()[0] == "glibc":
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 
 import scorch
-from scorch import runtime
 
-from .report import format_summary, format_table, geomean_summary, write_json, write_plot
+from .report import (add_malloc_option, apply_malloc_option, format_summary, format_table, geomean_summary,
+                     write_json, write_plot)
 from .workloads import WORKLOADS, run_case
 
 
@@ -52,12 +52,9 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="+", metavar="NAME", choices=sorted(WORKLOADS),
                     help=f"run only these workloads ({', '.join(WORKLOADS)})")
     ap.add_argument("--repeat", type=int, default=None, help="timed rounds per case (default 5 quick, 15 full)")
-    ap.add_argument("--default-malloc", action="store_true",
-                    help="leave glibc's malloc as it is (default: keep freed large blocks for reuse, for every "
-                         "system alike; see scorch.runtime.keep_freed_memory)")
+    add_malloc_option(ap)
     args = ap.parse_args(argv)
-    kept = not args.default_malloc and runtime.keep_freed_memory()
-    malloc = "malloc keeps freed large blocks" if kept else "default malloc"
+    malloc = apply_malloc_option(args)
 
     scorch.config.dispatch = "sparse"       # measure scorch's kernels, never the runtime's switch to dense
     cfg = Config(quick=args.quick, data=Path(args.data) if args.data else None)

@@ -9,6 +9,21 @@ from pathlib import Path
 COLUMNS = ("workload", "system", "median ms", "speedup", "peak RSS MB (+ during case)", "note")
 
 
+def add_malloc_option(ap) -> None:
+    """``--default-malloc`` on an argparse parser (this suite and the scripts in benchmarks/)."""
+    ap.add_argument("--default-malloc", action="store_true",
+                    help="leave glibc's malloc as it is (default: keep freed large blocks for reuse, for every "
+                         "system alike; see scorch.runtime.keep_freed_memory)")
+
+
+def apply_malloc_option(args) -> str:
+    """Apply ``--default-malloc`` (or not) and describe the allocator for the header line."""
+    from .. import runtime
+    if not args.default_malloc and runtime.keep_freed_memory():
+        return "malloc keeps freed large blocks (scorch.runtime.keep_freed_memory)"
+    return "default malloc (outputs over 32 MiB are fresh mmaps)"
+
+
 def _fmt_ms(t):
     if t is None:
         return "-"

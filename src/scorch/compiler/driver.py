@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import convert
 from ..errors import NotSupportedError, ScorchTypeError, ScorchValueError
 from ..format import bsc_format, bsr_format, preset
 from ..interop import as_sparse, is_sparse
@@ -545,9 +546,6 @@ def _run(plan: Plan, ein: Einsum, ops, cdtype, init=()):
     return _assemble(plan, ops, size, cdtype, nthreads, out_shape)
 
 
-_INT32_MAX = 2**31 - 1   # an assembled result with more entries or a longer dimension gets int64 indices
-
-
 def _assemble(plan, ops, size, cdtype, nthreads, out_shape):
     """Two passes over the same loop nest: nonzeros per output row, then coordinates and values."""
     rows = 1
@@ -561,7 +559,7 @@ def _assemble(plan, ops, size, cdtype, nthreads, out_shape):
     torch.cumsum(counts, 0, out=rowpos[1:])
     nnz = int(rowpos[-1])
     marks.fill_(-1)
-    idx = torch.int32 if max(nnz, *out_shape) <= _INT32_MAX else torch.int64
+    idx = torch.int32 if max(nnz, *out_shape) <= convert._INT32_MAX else torch.int64
     crd = torch.empty(nnz, dtype=idx)   # written in the result's index type: no conversion pass
     vals = torch.empty(nnz, dtype=cdtype)
     _call(plan, plan.kernels[2 if idx == torch.int32 else 1], ops, size, cdtype,

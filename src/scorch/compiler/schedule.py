@@ -62,8 +62,8 @@ def _rank(v, ops, output, first_seen, hoist=False):
       else innermost (contiguous, vectorisable: the K of SpMM, the R of MTTKRP);
     * otherwise: walking a sparse level first (it filters the work), then
       output indices in output order, then the rest;
-    * ``hoist`` (a dense result): when a dense level of a sparse operand sits under a walked
-      one, the output indices of dense levels go outermost, in output order.
+    * ``hoist`` (a dense result, and a dense level of a sparse operand sits under a walked
+      one): the output indices of dense levels go outermost, in output order.
     """
     base = v.split("_")[0]
     sparse_vars = {u for op in ops if op.sparse for u in op.level_vars()}
@@ -75,7 +75,7 @@ def _rank(v, ops, output, first_seen, hoist=False):
     iterates = any(op.sparse and v in op.level_vars() and
                    op.fmt.levels[op.level_vars().index(v)].kind != "dense" for op in ops)
     in_out = base in output
-    if hoist and not iterates and in_out and v == base and any(_under_a_walk(u, ops) for u in sparse_vars):
+    if hoist and not iterates and in_out and v == base:
         # dense levels index the output, one of them under a walked level (a vector per stored
         # entry: one value per attention head): loop over them in output order outside the walk,
         # locating into the level under it, so the walk's reduction accumulates each output row
@@ -112,6 +112,7 @@ def _order_vars(ops, output: str, all_vars, first: tuple = (), hoist: bool = Fal
                 before[u].add(v)
     order, placed = [], set()
     first_seen = {v: k for k, v in enumerate(all_vars)}
+    hoist = hoist and any(_under_a_walk(u, ops) for op in ops if op.sparse for u in op.level_vars())
     while len(order) < len(all_vars):
         ready = [v for v in all_vars if v not in placed and before[v] <= placed]
         if not ready:

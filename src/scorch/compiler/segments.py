@@ -45,14 +45,14 @@ def _kernel(vtype: str, itype: str, log: bool, vbytes: int = 64, width: int = 1)
     e = work if log else out
     finish_op = "-=" if log else "*="
     if width == 1:
-        shift, finish = _runs_contiguous(vtype, log, pos, vals, out, e, finish_op)
+        shift, finish = _runs_contiguous(vtype, log, vals, out, e, finish_op)
     else:
-        shift, finish = _runs_interleaved(vtype, log, width, pos, vals, out, e, finish_op)
+        shift, finish = _runs_interleaved(vtype, log, width, vals, out, e, finish_op)
     # exp over the thread's whole stored range at once, a vector of lanes at a time: short runs
     # (graph rows of a few entries) still fill the vector exp
     q = _C("q")
-    span = (lambda p: Cast("int64_t", pos[p])) if width == 1 else (lambda p: Cast("int64_t", pos[p]) * Const(width))
-    exps = [Decl("const int64_t", "v0", span(_C("lo_t"))), Decl("const int64_t", "v1", span(_C("hi_t"))),
+    exps = [Decl("const int64_t", "v0", Cast("int64_t", pos[_C("lo_t")]) * Const(width)),
+            Decl("const int64_t", "v1", Cast("int64_t", pos[_C("hi_t")]) * Const(width)),
             Decl("int64_t", "rest", _C("v0"))]
     if vtype == "float":
         lanes = vbytes // 4
@@ -87,7 +87,13 @@ def _per_run(body) -> For:
         Decl("const int64_t", "hi", Cast("int64_t", pos[_C("r") + Const(1)])), *body)))
 
 
-def _runs_contiguous(vtype, log, pos, vals, out, e, finish_op):
+def _finish_factor(vtype, log, s):
+    """What a run's values take from its sum of exponentials ``s``: ``log(s)`` (subtracted) or
+    ``1 / s`` (multiplied)."""
+    return Call("log" + ("f" if vtype == "float" else ""), (s,)) if log else Cast(vtype, Const(1.0)) / s
+
+
+def _runs_contiguous(vtype, log, vals, out, e, finish_op):
     """One column: (1) per run its max and the shifted values into ``out``; (3) per run the sum
     of the exponentials, then scale or subtract its log.  Each loop over a run is plain scalar
     code for a short run and ``omp simd`` for a long one."""
@@ -104,13 +110,13 @@ def _runs_contiguous(vtype, log, pos, vals, out, e, finish_op):
         return _per_run((If((_C("hi") - _C("lo")).lt(Const(SHORT_RUN)), loops(False), loops(True)),))
     shift = split(((Decl(vtype, "m", _C("-INFINITY")),), Assign(m, Call("SCORCH_MAX", (m, x))), "max:m"),
                   ((), Assign(out[q], x - m), None))
-    fin = Call("log" + ("f" if vtype == "float" else ""), (s,)) if log else Cast(vtype, Const(1.0)) / s
     finish = split(((Decl(vtype, "s", Const(0.0)),), Assign(s, e[q], "+="), "+:s"),
-                   ((Decl(f"const {vtype}", "f", fin),), Assign(out[q], _C("f"), finish_op), None))
+                   ((Decl(f"const {vtype}", "f", _finish_factor(vtype, log, s)),), Assign(out[q], _C("f"), finish_op),
+                    None))
     return shift, finish
 
 
-def _runs_interleaved(vtype, log, width, pos, vals, out, e, finish_op):
+def _runs_interleaved(vtype, log, width, vals, out, e, finish_op):
     """``width`` columns at once: per run, arrays of ``width`` maxima and sums; the inner loops
     over the columns are contiguous (vectorised by the compiler for a wide enough ``width``)."""
     q, w, m, s = _C("q"), _C("w"), _C("m"), _C("s")
@@ -125,9 +131,8 @@ def _runs_interleaved(vtype, log, width, pos, vals, out, e, finish_op):
     shift = _per_run((Decl(vtype, f"m[{width}]"), cols(Assign(m[w], _C("-INFINITY"))),
                       over_run(Assign(m[w], Call("SCORCH_MAX", (m[w], x)))),
                       over_run(Assign(out[at], x - m[w]))))
-    fin = Call("log" + ("f" if vtype == "float" else ""), (s[w],)) if log else Cast(vtype, Const(1.0)) / s[w]
     finish = _per_run((Decl(vtype, f"s[{width}]"), cols(Assign(s[w], Const(0.0))),
-                       over_run(Assign(s[w], e[at], "+=")), cols(Assign(s[w], fin)),
+                       over_run(Assign(s[w], e[at], "+=")), cols(Assign(s[w], _finish_factor(vtype, log, s[w]))),
                        over_run(Assign(out[at], s[w], finish_op))))
     return shift, finish
 
