@@ -134,6 +134,24 @@ def test_window_attention_matches_dense(L, heads, batched):
     assert torch.equal(att.pattern_mask(L), window_mask(L, 6))
 
 
+def test_attention_on_generated_dense_products(monkeypatch):
+    """Projections of whole vectors (in_proj 48, out_proj 16 float64 lanes) forced onto the
+    generated dense kernel (scorch.config.dense_kernels): forward and gradients."""
+    from scorch.compiler import driver
+    monkeypatch.setattr(scorch.config, "dense_kernels", "compiled")
+    calls = []
+    compiled = driver.compiled
+    monkeypatch.setattr(driver, "compiled", lambda *a: calls.append(a[0]) or compiled(*a))
+    torch.manual_seed(3)
+    att = SparseAttention(16, 2, pattern="window", window=6).double()
+    x = torch.randn(40, 16, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(att(x), dense_attention(att, x, window_mask(40, 6)))
+    assert calls == ["ij,jk->ik", "ij,jk->ik"]
+    xg = x[:12].clone().requires_grad_()
+    torch.autograd.gradcheck(lambda x: att(x), (xg,), fast_mode=True)
+
+
 @pytest.mark.parametrize("L", [16, 64])
 @pytest.mark.parametrize("heads", [1, 2])
 def test_bigbird_attention_matches_dense(L, heads):

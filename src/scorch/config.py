@@ -18,6 +18,12 @@ auto_sparsify
     False (default); True runs 2-d dense operands that are mostly zeros (after a
     ReLU, say) through the sparse kernels.
 
+dense_kernels
+    ``"auto"`` (default): the dense linear maps inside scorch's layers (``x @ W^T`` in
+    GCN, GraphSAGE, GAT, attention) run on a generated kernel where it measured faster
+    than torch's for that shape on this machine (:mod:`scorch.ops.dense`), else on
+    torch's; ``"compiled"`` / ``"torch"`` force one.
+
 parallel_min_work
     Kernels whose loop nest does fewer inner iterations than this (stored
     entries times the sizes of the dense loops around them) run on one thread:
@@ -30,5 +36,6 @@ dispatch = "auto"
 dense_threshold = None
 auto_sparsify = False
 parallel_min_work = 16384
+dense_kernels = "auto"
 
 _FALLBACK_CHOICES = ("warn", "silent", "raise")

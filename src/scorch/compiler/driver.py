@@ -239,6 +239,22 @@ def run(key, equation: str, operands: tuple, format, init: tuple):
     return result
 
 
+_DENSE_BOUND: dict = {}
+
+
+def compiled(equation: str, operands: tuple, init: tuple = ()):
+    """``einsum(equation, *operands) + sum(init)`` through generated code even when every operand
+    is dense (:func:`run` hands those to torch): for callers that measured it to be faster
+    here (:mod:`scorch.ops.dense`).  Dense result; cached like :func:`run`."""
+    key = _signature(equation, None, operands, init)
+    bound = _DENSE_BOUND.get(key) if key is not None else None
+    if bound is None:
+        bound = _Bound.make(equation, _operands(operands), None, init)
+        if key is not None and len(_DENSE_BOUND) < 4096:
+            _DENSE_BOUND[key] = bound
+    return bound(operands, init)
+
+
 def _add_init(result, init):
     for t in init:
         result = result + t
@@ -384,10 +400,7 @@ class _Bound:
         """The kernel's argument list for ``ops``, its freshly allocated output, and the
         number of per-thread output copies in it."""
         args = list(self.template)
-        work = 0
-        for k, f in self.work:
-            work = max(work, ops[k]._nnz * f)
-        nthreads = build.threads_for(work)
+        nthreads = build.threads_for(_work(self.work, ops))
         copies = nthreads if self.buffers else 1
         for slot, t, kind, k, extra in self.pointers:
             if kind == "nthreads":
@@ -516,13 +529,19 @@ def _call(plan, kernel, ops, size, cdtype, extra):
 
 def _work_factors(ein: Einsum, ops) -> tuple:
     """``(k, factor)`` per sparse operand ``k``: the product of the sizes of the loop indices it
-    does not carry, so that ``nnz_k * factor`` estimates the loop nest's inner iterations."""
+    does not carry, so that ``nnz_k * factor`` estimates the loop nest's inner iterations;
+    with no sparse operand, ``((None, every loop's size multiplied),)``."""
     size = ein.size
     out = []
     for k, (t, x) in enumerate(zip(ein.inputs, ops)):
         if isinstance(x, SparseTensor):
             out.append((k, math.prod(size[c] for c in size if c not in t)))
-    return tuple(out)
+    return tuple(out) or ((None, math.prod(size.values())),)
+
+
+def _work(factors, ops) -> int:
+    """The loop nest's inner iterations estimated from :func:`_work_factors`."""
+    return max((f if k is None else ops[k]._nnz * f for k, f in factors), default=0)
 
 
 def _run(plan: Plan, ein: Einsum, ops, cdtype, init=()):
@@ -530,8 +549,7 @@ def _run(plan: Plan, ein: Einsum, ops, cdtype, init=()):
     ops = _prepare(sched, ops)
     size = ein.size
     out_shape = tuple(size[c] for c in ein.output)
-    work = [ops[k]._nnz * f for k, f in _work_factors(ein, ops)]
-    nthreads = build.threads_for(max(work) if work else 0)
+    nthreads = build.threads_for(_work(_work_factors(ein, ops), ops))
     alloc = torch.empty if plan.kernels[0].writes_every_output else torch.zeros
     if sched.output[0] == "dense":
         copies = nthreads if sched.parallel == "buffers" else 1

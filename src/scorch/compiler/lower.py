@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from .ir import (Addr, Assign, Bin, Block, Break, Call, Cast, Const, Decl, Eval, For, Forever, If, Kernel, Param,
                  Parallel, SampledDots, Scope, SegmentedRows, Var, Vec, VecZero)
+from .jam import jam_rows
 from .lattice import lattice, needs_every_coordinate
 from .notation import Access, Neg, Op, Zero, accesses
 from .schedule import Schedule
@@ -146,10 +147,10 @@ class _Lowerer:
 
     def _vectorisable(self, k) -> bool:
         """Loop ``k`` can run on vector registers: its length is a multiple of the vector
-        width (at most 1 KiB), the expression is + - * /, and every operand indexed
-        by ``k`` has it as its unit-stride last dim."""
+        width (at most 1 KiB, or any whole number of 256-byte column tiles), the expression
+        is + - * /, and every operand indexed by ``k`` has it as its unit-stride last dim."""
         n = self.static[k]
-        if n % self.lanes or n // self.lanes > 1024 // self.vbytes or n == 0:
+        if n % self.lanes or n == 0 or (n * self.vbytes // self.lanes > 1024 and n * self.vbytes // self.lanes % 256):
             return False
 
         def ok(e):
@@ -196,6 +197,12 @@ class _Lowerer:
                 every = True  # every entry of the pattern, on either path (the fallback zeroes its range)
                 notes = ("sampled dot products 16 entries at a time across row ends, reduced by one shuffle "
                          "tree (AVX-512 builds; the row-wise loop otherwise)",)
+        factor = self._jam_factor()
+        if factor > 1:
+            body, jammed = _jam_row_loops(body, s.loop_order[0], factor)
+            if jammed:
+                notes += (f"rows register-blocked {factor} at a time (each loaded vector of the dense "
+                          f"operand feeds {factor} rows' accumulators)",)
         body += self.row_end(st) if not self.rows else []
         if s.parallel == "serial" or (s.output[0] == "assemble" and not self.rows):
             body = [If(_C("tid").eq(Const(0)), Block(tuple(body)))]
@@ -208,6 +215,16 @@ class _Lowerer:
                                                          _C("nthreads")),)), every,
                       uses_workspace=self.phase in ("count", "fill") and not self.in_order,
                       fused_init=self.n_init > 0, notes=notes, vector_bytes=self.vbytes)
+
+    def _jam_factor(self) -> int:
+        """Rows to jam into one body (:mod:`.jam`): a dense result whose rows are split across
+        threads and kept in vector registers right under the row loop; enough rows that their
+        accumulators fill about 24 of the 32 vector registers (8 at most).  1: no jam."""
+        s = self.s
+        if not (self.phase == "compute" and self.vec and self.ws[1] == 0 and s.output[0] == "dense"
+                and s.parallel == "rows"):
+            return 1
+        return max(1, min(8, 24 // self.nvec))
 
     def _segmented(self):
         """``{operand: load kind}`` when the loop nest is a row-wise sum over one CSR level
@@ -722,6 +739,24 @@ class _Lowerer:
             decls = [Decl("int64_t", "lo_t", lo + Bin("/", n * _C("tid"), _C("nthr"))),
                      Decl("int64_t", "hi_t", lo + Bin("/", n * (_C("tid") + Const(1)), _C("nthr")))]
         return decls + [For(loop.var, _C("lo_t"), _C("hi_t"), loop.body, loop.simd, loop.reduction)]
+
+
+def _jam_row_loops(stmts, var: str, factor: int):
+    """``stmts`` with the thread's row loop (``for var in [lo_t, hi_t)``, possibly inside the loop
+    over column tiles) register-blocked by :func:`.jam.jam_rows`; and whether it was."""
+    out, jammed = [], False
+    for st in stmts:
+        if isinstance(st, For) and st.var == var and st.lo == _C("lo_t"):
+            new = jam_rows(st, factor)
+            if new is not None:
+                out += new
+                jammed = True
+                continue
+        elif isinstance(st, For) and st.var == "kb":
+            inner, jammed = _jam_row_loops(st.body.body, var, factor)
+            st = For(st.var, st.lo, st.hi, Block(tuple(inner)), st.simd, st.reduction)
+        out.append(st)
+    return out, jammed
 
 
 def _split_product(expr, loaded):

@@ -71,6 +71,10 @@ def _rank(v, ops, output, first_seen, hoist=False):
         sparse_out = [output.index(u.split("_")[0]) for u in sparse_vars if u.split("_")[0] in output]
         if base in output and sparse_out and all(output.index(base) < k for k in sparse_out):
             return (-1, output.index(base), first_seen[v])
+        if not sparse_vars and base not in output:
+            # all dense (a GEMM): reductions between the output's rows and its last index, so the
+            # rows are split across threads and the last index stays innermost (vectorised)
+            return (9, len(output) - 1.5, first_seen[v])
         return (9, output.find(base), first_seen[v])
     iterates = any(op.sparse and v in op.level_vars() and
                    op.fmt.levels[op.level_vars().index(v)].kind != "dense" for op in ops)

@@ -19,11 +19,13 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .. import convert
 from ..errors import ScorchTypeError, ScorchValueError
 from ..interop import is_sparse, sparse_coo
+from ..ops import dense as dense_ops
 from ..ops.reduce import scaled_softmax
 from ..tensor import SparseTensor
 
@@ -181,26 +183,27 @@ class SparseAttention(nn.Module):
             raise ScorchValueError(f"SparseAttention: x must have shape (L, embed_dim) or (B, L, embed_dim) "
                                    f"with embed_dim = {self.embed_dim}, got {tuple(x.shape)}")
 
-    def _heads(self, x3: torch.Tensor):
-        """``q, k, v`` as ``(B * heads) x L x head_dim`` tensors."""
+    def _heads(self, x3: torch.Tensor, linear=F.linear):
+        """``q, k, v`` as ``(B * heads) x L x head_dim`` tensors (``linear``: the projection's
+        kernel -- torch's for the dense reference, :func:`scorch.ops.dense.linear` in ``forward``)."""
         B, L, _ = x3.shape
-        qkv = self.in_proj(x3).view(B, L, 3, self.num_heads, self.head_dim)
+        qkv = linear(x3, self.in_proj.weight, self.in_proj.bias).view(B, L, 3, self.num_heads, self.head_dim)
         qkv = qkv.permute(2, 0, 3, 1, 4).reshape(3, B * self.num_heads, L, self.head_dim)
         return qkv[0], qkv[1], qkv[2]
 
-    def _merge(self, o: torch.Tensor, B: int, L: int) -> torch.Tensor:
+    def _merge(self, o: torch.Tensor, B: int, L: int, linear=F.linear) -> torch.Tensor:
         o = o.view(B, self.num_heads, L, self.head_dim).transpose(1, 2).reshape(B, L, self.embed_dim)
-        return self.out_proj(o)
+        return linear(o, self.out_proj.weight, self.out_proj.bias)
 
     def forward(self, x: torch.Tensor, mask=None) -> torch.Tensor:
         self._check_x(x)
         x3 = x if x.dim() == 3 else x.unsqueeze(0)
         B, L, _ = x3.shape
-        q, k, v = self._heads(x3)
+        q, k, v = self._heads(x3, dense_ops.linear)
         M = self._sparse_mask(L, B * self.num_heads, x.dtype, mask)
         S = torch.einsum("hij,hik,hjk->hij", M, q, k)
         P = scaled_softmax(S, 2, 1.0 / math.sqrt(self.head_dim))
-        out = self._merge(P @ v, B, L)
+        out = self._merge(P @ v, B, L, dense_ops.linear)
         return out if x.dim() == 3 else out.squeeze(0)
 
     def dense_reference(self, x: torch.Tensor, mask=None) -> torch.Tensor:

@@ -27,6 +27,7 @@ from .. import convert
 from ..errors import ScorchTypeError, ScorchValueError
 from ..format import Format, compressed, dense
 from ..interop import is_sparse, sparse_coo
+from ..ops import dense as dense_ops
 from ..ops.einsum import einsum_add
 from ..tensor import SparseTensor
 
@@ -226,7 +227,7 @@ class GCNConv(_GraphConv):
             adj, x.shape[0], add_self_loops=self.add_self_loops, normalize=self.normalize, dtype=x.dtype,
             _layer="GCNConv"))
         # the bias starts the SpMM's row accumulators: no separate pass over the output
-        return einsum_add("ij,jk->ik", (A, F.linear(x, self.lin.weight)), () if self.bias is None else (self.bias,))
+        return einsum_add("ij,jk->ik", (A, dense_ops.linear(x, self.lin.weight)), () if self.bias is None else (self.bias,))
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, normalize={self.normalize}, cached={self.cached}"
@@ -264,10 +265,21 @@ class SAGEConv(_GraphConv):
             # both x @ W_l^T and the root term x @ W_r^T; the SpMM reads the first half and
             # starts its row accumulators from the second half plus the bias.
             o = self.out_channels
-            h = F.linear(x, torch.cat([self.lin_l.weight, self.lin_r.weight]))
+            h = dense_ops.linear(x, self._stacked_weight())
             return einsum_add("ij,jk->ik", (A, h[:, :o]), (h[:, o:],) + bias)
-        root = F.linear(x, self.lin_r.weight, *bias)
+        root = dense_ops.linear(x, self.lin_r.weight, *bias)
         return torch.addmm(root, A @ x, self.lin_l.weight.t())
+
+    def _stacked_weight(self) -> torch.Tensor:
+        """``[W_l; W_r]`` (one GEMM for both terms); kept between calls while neither weight
+        changes and no gradient is wanted (a new one per call otherwise, in the graph)."""
+        wl, wr = self.lin_l.weight, self.lin_r.weight
+        if torch.is_grad_enabled() and (wl.requires_grad or wr.requires_grad):
+            return torch.cat([wl, wr])
+        key = (wl.data_ptr(), wl._version, wr.data_ptr(), wr._version, wl.dtype)
+        if getattr(self, "_stacked", (None,))[0] != key:
+            self._stacked = (key, torch.cat([wl.detach(), wr.detach()]))
+        return self._stacked[1]
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, aggr='mean', cached={self.cached}"
@@ -311,7 +323,7 @@ class GATConv(_GraphConv):
         _check_x(x, self.in_channels, "GATConv")
         n, H, C = x.shape[0], self.heads, self.out_channels
         A, row, col = self._adjacency(adj, x, lambda: _gat_pattern(adj, n, self.add_self_loops, H, x.dtype))
-        h = self.lin(x).view(n, H, C)
+        h = dense_ops.linear(x, self.lin.weight).view(n, H, C)
         a_src, a_dst = (h * self.att_src).sum(-1), (h * self.att_dst).sum(-1)   # n x H
         if H == 1:   # gathers of single floats: 3x faster from 1-d tensors than rows of n x 1
             a_src, a_dst = a_src.view(n), a_dst.view(n)
