@@ -158,7 +158,7 @@ def test_sddmm_matches_the_entrywise_dots(lengths, k, nthreads, monkeypatch):
     g = torch.Generator().manual_seed(k)
     Q, K = torch.randn(len(lengths), k, generator=g), torch.randn(128, k, generator=g)
     A = scorch.as_sparse(T)
-    assert "scorch_sampled_window" in scorch.explain("ij,ik,jk->ij", A, Q, K).source
+    assert "scorch_hsum16(p_)" in scorch.explain("ij,ik,jk->ij", A, Q, K).source
     got = scorch.einsum("ij,ik,jk->ij", A, Q, K)
     assert scorch.is_sparse(got) and got.nnz == T.values().numel()
     torch.testing.assert_close(got.values().double(), sddmm_oracle(T, Q, K), atol=1e-4, rtol=1e-5)
@@ -183,7 +183,7 @@ def test_sddmm_three_factors_and_strided_rows():
     K = torch.randn(128, 80, generator=g)[:, 16:64]      # row stride 80, unit stride along k
     w = torch.randn(48, generator=g)
     A = scorch.as_sparse(T)
-    assert "scorch_sampled_window" in scorch.explain("ij,ik,jk,k->ij", A, Q, K, w).source
+    assert "scorch_hsum16(p_)" in scorch.explain("ij,ik,jk,k->ij", A, Q, K, w).source
     got = scorch.einsum("ij,ik,jk,k->ij", A, Q, K, w)
     torch.testing.assert_close(got.values().double(), sddmm_oracle(T, Q, K, w), atol=1e-4, rtol=1e-5)
 
@@ -193,7 +193,7 @@ def test_sddmm_other_widths_keep_the_row_wise_loop(k):
     T = csr([3, 0, 40, 1, 17], seed=6)
     Q, K = torch.randn(5, k), torch.randn(128, k)
     A = scorch.as_sparse(T)
-    assert "scorch_sampled_window" not in scorch.explain("ij,ik,jk->ij", A, Q, K).source
+    assert "scorch_hsum16(p_)" not in scorch.explain("ij,ik,jk->ij", A, Q, K).source
     got = scorch.einsum("ij,ik,jk->ij", A, Q, K)
     torch.testing.assert_close(got.values().double(), sddmm_oracle(T, Q, K), atol=1e-4, rtol=1e-5)
 
@@ -219,3 +219,23 @@ def test_row_wise_paths_without_avx512(without_avx512):
     Q, K = torch.randn(T.shape[0], 32), torch.randn(128, 32)
     got = scorch.einsum("ij,ik,jk->ij", A, Q, K)
     torch.testing.assert_close(got.values().double(), sddmm_oracle(T, Q, K), atol=1e-4, rtol=1e-5)
+
+
+def test_entry_parents_are_the_rows_and_live_with_the_pattern():
+    """SampledDots reads each entry's row from convert.entry_parents: the row coordinates of
+    the stored entries (oracle: the dense tensor's nonzero rows), one array per pos tensor,
+    released with it."""
+    import gc
+
+    from scorch import convert
+    T = csr([3, 0, 0, 5, 1, 0, 2], seed=9)
+    A = scorch.as_sparse(T)
+    rows = convert.entry_parents(A._pos[1])
+    assert rows.dtype == A._pos[1].dtype
+    assert torch.equal(rows.long(), T.to_dense().nonzero()[:, 0])
+    assert convert.entry_parents(A._pos[1]) is rows                       # computed once
+    assert convert.entry_parents(A.with_values(A.values() * 2)._pos[1]) is rows   # same pattern, same array
+    key = id(A._pos[1])
+    del A, rows
+    gc.collect()
+    assert key not in convert._PARENTS

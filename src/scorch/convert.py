@@ -16,6 +16,7 @@ COO, CSR -> DCSR, ...) the sort is skipped after an O(nnz) check.
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
@@ -40,6 +41,27 @@ def _counts_to_pos(parents: torch.Tensor, npos: int) -> torch.Tensor:
     if parents.numel():
         torch.cumsum(torch.bincount(parents, minlength=npos), 0, out=pos[1:])
     return pos
+
+
+# --------------------------------------------------------------- parents of stored entries
+
+_PARENTS: dict = {}  # id(pos) -> (weakref to pos, parent of each entry)
+
+
+def entry_parents(pos: torch.Tensor) -> torch.Tensor:
+    """The parent position of every entry of a compressed level, in ``pos``'s index type
+    (for CSR's column level: the row of each stored entry).  Computed once per ``pos``
+    tensor and kept while it lives: a pattern's ``pos`` is shared by every tensor with that
+    pattern (an SDDMM's result, the softmax of it, ...) and never changes."""
+    hit = _PARENTS.get(id(pos))
+    if hit is not None and hit[0]() is pos:
+        return hit[1]
+    n = pos.numel() - 1
+    lengths = (pos[1:] - pos[:-1]).to(_I64)
+    parents = torch.repeat_interleave(torch.arange(n, dtype=pos.dtype), lengths, output_size=int(pos[-1]))
+    key = id(pos)
+    _PARENTS[key] = (weakref.ref(pos, lambda _, key=key: _PARENTS.pop(key, None)), parents)
+    return parents
 
 
 # --------------------------------------------------------------- storage -> coordinates

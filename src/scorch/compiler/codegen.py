@@ -281,36 +281,6 @@ static inline void scorch_seg_step(scorch_seg *s, __m512 p0, __m512 p1, const in
   s->lprev = -1;
   s->q0 += 32;
 }
-/* SDDMM across row ends (the SampledDots statement): entries q0 .. q0+15 of rows [*r, hi).
-   rowv[u] = the row of entry q0+u (binary search of the rows' ends in every lane at once),
-   colv[u] = its coordinate; lanes past qe, or whose row is beyond the sixteen row ends
-   looked at (more than fifteen rows end among these entries: empty or one-entry rows),
-   get 0 (a valid row, never stored).  Returns the lanes to store; *step: how many
-   entries this resolved (16, or up to the first unresolved lane, at least 1). */
-static inline __mmask16 scorch_sampled_window(const int32_t *pos, const int32_t *crd, int64_t *r, int64_t hi,
-                                              int64_t q0, int64_t qe, int32_t *rowv, int32_t *colv,
-                                              int64_t *step) {
-  while (pos[*r + 1] <= q0) (*r)++;  /* row *r holds entry q0 */
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const int64_t rows = hi - *r;
-  const __mmask16 mr = rows >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rows) - 1u);
-  /* lp[k]: the first lane after row *r+k (rows past hi: never) */
-  const __m512i lp = _mm512_mask_sub_epi32(_mm512_set1_epi32(0x7fffffff), mr,
-                                           _mm512_maskz_loadu_epi32(mr, pos + *r + 1), _mm512_set1_epi32((int32_t)q0));
-  __m512i c = _mm512_setzero_si512();  /* c[u] = #rows k with lp[k] <= u */
-  for (int s = 8; s >= 1; s >>= 1) {
-    const __m512i t = _mm512_permutexvar_epi32(_mm512_add_epi32(c, _mm512_set1_epi32(s - 1)), lp);
-    c = _mm512_mask_add_epi32(c, _mm512_cmple_epi32_mask(t, lane), c, _mm512_set1_epi32(s));
-  }
-  c = _mm512_mask_add_epi32(c, _mm512_cmple_epi32_mask(_mm512_permutexvar_epi32(c, lp), lane), c, _mm512_set1_epi32(1));
-  const __mmask16 done = _mm512_cmplt_epi32_mask(c, _mm512_set1_epi32(16));
-  const int64_t left = qe - q0;
-  const __mmask16 live = done & (left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u));
-  _mm512_storeu_si512(rowv, _mm512_maskz_mov_epi32(live, _mm512_add_epi32(c, _mm512_set1_epi32((int32_t)*r))));
-  _mm512_storeu_si512(colv, _mm512_maskz_loadu_epi32(live, crd + q0));
-  *step = __builtin_ctz((unsigned)~done | 0x10000u);
-  return live;
-}
 static inline __m512 scorch_pairsum(__m512 a, __m512 b, __m512i lo, __m512i hi) {
   return _mm512_add_ps(_mm512_permutex2var_ps(a, lo, b), _mm512_permutex2var_ps(a, hi, b));
 }
@@ -414,51 +384,60 @@ def segmented_rows(s: SegmentedRows, ind: str) -> list[str]:
 
 
 def sampled_dots(s: SampledDots, ind: str) -> list[str]:
-    """The AVX-512 sixteen-entry step loop (``scorch_sampled_window``, ``scorch_hsum16``), the
-    row-wise loop elsewhere."""
-    i2 = ind + "    "
-    lane = [f"{i2}  const float *f{n}_ = {a}" + (f" + (int64_t){'rowv_' if by == 'row' else 'colv_'}[u_] * {st};"
-                                                if by != "k" else ";") for n, (a, by, st) in enumerate(s.factors)]
-    cols = [(n, a, st) for n, (a, by, st) in enumerate(s.factors) if by == "col"]
-    ahead = [f"{i2}  if (q0_ + 32 + u_ < {s.ncrd}) {{",
-             f"{i2}    const int64_t ja_ = (int64_t){s.crd}[q0_ + 32 + u_];"]
-    ahead += [f"{i2}    for (int m_ = 0; m_ < {s.nvec}; m_++) __builtin_prefetch({a} + ja_ * {st} + 16 * m_);"
-              for _, a, st in cols]
-    ahead.append(f"{i2}  }}")
+    """The AVX-512 sixteen-entry step loop (``scorch_hsum16``; each lane's row read from the
+    pattern's entry rows ``s.parents``), then one masked step for the last ``nnz % 16``
+    entries; the row-wise loop elsewhere."""
+    i2 = ind + "      "
+    cols = [(a, st) for a, by, st in s.factors if by == "col"]
 
-    def load(n, m):
-        return f"_mm512_loadu_ps(f{n}_ + {m})"
+    def lanes(row: str, col: str, ahead: bool) -> list[str]:
+        out = [f"{ind}    __m512 p_[16];", f"{ind}    #pragma GCC unroll 16", f"{ind}    for (int u_ = 0; u_ < 16; u_++) {{"]
+        if ahead and cols:
+            out += [f"{i2}if (q0_ + 32 + u_ < {s.ncrd}) {{",
+                    f"{i2}  const int64_t ja_ = (int64_t){s.crd}[q0_ + 32 + u_];"]
+            out += [f"{i2}  for (int m_ = 0; m_ < {s.nvec}; m_++) __builtin_prefetch({a} + ja_ * {st} + 16 * m_);"
+                    for a, st in cols]
+            out.append(f"{i2}}}")
+        for n, (a, by, st) in enumerate(s.factors):
+            at = {"row": row, "col": col}.get(by)
+            out.append(f"{i2}const float *f{n}_ = {a}" + (f" + (int64_t){at} * {st};" if at else ";"))
+        first, last = _term(len(s.factors), "0")
+        out.append(f"{i2}__m512 acc_ = " + (f"_mm512_mul_ps({first}, {last});" if last else f"{first};"))
+        if s.nvec > 1:
+            prod, last = _term(len(s.factors), "16 * m_")
+            step = f"_mm512_fmadd_ps({prod}, {last}, acc_)" if last else f"_mm512_add_ps(acc_, {prod})"
+            out.append(f"{i2}for (int m_ = 1; m_ < {s.nvec}; m_++) acc_ = {step};")
+        return out + [f"{i2}p_[u_] = acc_;", f"{ind}    }}", f"{ind}    const __m512 d_ = scorch_hsum16(p_);"]
 
-    def term(m):
-        loads = [load(n, m) for n in range(len(s.factors))]
-        prod = loads[0]
-        for x in loads[1:-1]:
-            prod = f"_mm512_mul_ps({prod}, {x})"
-        return prod, loads[-1] if len(loads) > 1 else None
-    first, last = term("0")
-    acc = [f"{i2}  __m512 acc_ = " + (f"_mm512_mul_ps({first}, {last});" if last else f"{first};")]
-    if s.nvec > 1:
-        prod, last = term("16 * m_")
-        step = f"_mm512_fmadd_ps({prod}, {last}, acc_)" if last else f"_mm512_add_ps(acc_, {prod})"
-        acc.append(f"{i2}  for (int m_ = 1; m_ < {s.nvec}; m_++) acc_ = {step};")
-    scale = "d_"
-    for v in s.scales:
-        scale = f"_mm512_mul_ps({scale}, _mm512_maskz_loadu_ps(live_, {v} + q0_))"
+    def scaled(load: str) -> str:
+        value = "d_"
+        for v in s.scales:
+            value = f"_mm512_mul_ps({value}, {load.format(v)})"
+        return value
+    full = lanes(f"{s.parents}[q0_ + u_]", f"{s.crd}[q0_ + u_]", True)
+    full.append(f"{ind}    _mm512_storeu_ps({s.out} + q0_, {scaled('_mm512_loadu_ps({} + q0_)')});")
+    tail = [f"{ind}    const __mmask16 live_ = (__mmask16)((1u << (qe_ - q0_)) - 1u);",
+            f"{ind}    int32_t rowv_[16], colv_[16];  /* lanes past the end: row 0, column 0 (never stored) */",
+            f"{ind}    _mm512_storeu_si512(rowv_, _mm512_maskz_loadu_epi32(live_, {s.parents} + q0_));",
+            f"{ind}    _mm512_storeu_si512(colv_, _mm512_maskz_loadu_epi32(live_, {s.crd} + q0_));"]
+    tail += lanes("rowv_[u_]", "colv_[u_]", False)
+    tail.append(f"{ind}    _mm512_mask_storeu_ps({s.out} + q0_, live_, {scaled('_mm512_maskz_loadu_ps(live_, {} + q0_)')});")
     return (["#if defined(__AVX512F__)", f"{ind}{{",
-             f"{ind}  int64_t q0_ = {s.pos}[{expr(s.lo)}], r_ = {expr(s.lo)}, step_;",
+             f"{ind}  int64_t q0_ = {s.pos}[{expr(s.lo)}];",
              f"{ind}  const int64_t qe_ = {s.pos}[{expr(s.hi)}];",
-             f"{ind}  while (q0_ < qe_) {{",
-             f"{ind}    int32_t rowv_[16], colv_[16];",
-             f"{ind}    const __mmask16 live_ = scorch_sampled_window({s.pos}, {s.crd}, &r_, {expr(s.hi)}, q0_, qe_, "
-             "rowv_, colv_, &step_);",
-             f"{ind}    __m512 p_[16];",
-             f"{ind}    #pragma GCC unroll 16",
-             f"{ind}    for (int u_ = 0; u_ < 16; u_++) {{"] + (ahead if cols else []) + lane + acc
-            + [f"{i2}  p_[u_] = acc_;", f"{i2}}}",
-               f"{ind}    const __m512 d_ = scorch_hsum16(p_);",
-               f"{ind}    _mm512_mask_storeu_ps({s.out} + q0_, live_, {scale});",
-               f"{ind}    q0_ += step_;", f"{ind}  }}", f"{ind}}}", "#else"]
+             f"{ind}  for (; q0_ + 16 <= qe_; q0_ += 16) {{"] + full + [f"{ind}  }}",
+             f"{ind}  if (q0_ < qe_) {{"] + tail + [f"{ind}  }}", f"{ind}}}", "#else"]
             + stmt(s.fallback, ind) + ["#endif"])
+
+
+def _term(nfactors: int, m: str):
+    """The product of the factors' vectors at offset ``m``: (all but the last, the last) so
+    that the caller can fuse the last multiply into an FMA; (product, None) for one factor."""
+    loads = [f"_mm512_loadu_ps(f{n}_ + {m})" for n in range(nfactors)]
+    prod = loads[0]
+    for x in loads[1:-1]:
+        prod = f"_mm512_mul_ps({prod}, {x})"
+    return prod, loads[-1] if len(loads) > 1 else None
 
 
 def function(kernel: Kernel) -> str:
@@ -473,5 +452,5 @@ def render(*kernels: Kernel) -> str:
     if len(widths) != 1:
         raise ValueError(f"render: kernels lowered for different vector widths {sorted(widths)}")
     funcs = [function(k) for k in kernels]
-    extra = [AVX512_PRELUDE] if any("scorch_seg_step" in f or "scorch_sampled_" in f for f in funcs) else []
+    extra = [AVX512_PRELUDE] if any("scorch_seg_step" in f or "scorch_hsum16" in f for f in funcs) else []
     return "\n".join([prelude(widths.pop())] + extra + funcs)

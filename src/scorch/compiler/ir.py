@@ -249,12 +249,13 @@ class SampledDots(Stmt):
     across row ends: ``out[q] = scale(q) * sum over k < 16*nvec of prod(factor rows)``.
     ``factors``: ``(array, by, stride)`` with ``by`` "row" (``array[i*stride + k]``), "col"
     (``array[j*stride + k]``, prefetched ahead) or "k" (``array[k]``); ``scales``: value
-    arrays read at ``q`` (the sparse operand's values).  Each lane's row comes from a vector
-    binary search of the step's row ends, the sixteen dot products are reduced together by
-    one shuffle tree and stored with one vector store.  Float32 values and int32 indices on
+    arrays read at ``q`` (the sparse operand's values).  Each lane's row is read from
+    ``parents`` (the row of every stored entry), the sixteen dot products are reduced together
+    by one shuffle tree and stored with one vector store.  Float32 values and int32 indices on
     AVX-512 targets; ``fallback`` (the row-wise loop) is compiled elsewhere."""
     pos: str
     crd: str
+    parents: str
     lo: Expr
     hi: Expr
     nvec: int

@@ -24,7 +24,8 @@ Two loop nests over a CSR level also get a form that steps over the level's entr
 across row ends (AVX-512 builds; the row-wise nest is kept under ``#else``): a row sum
 (SpMV, ``ij->i``) becomes a segmented scan over 32 entries per step
 (:class:`~scorch.compiler.ir.SegmentedRows`), an SDDMM into the operand's pattern becomes
-sixteen dot products per step reduced by one shuffle tree
+sixteen dot products per step reduced by one shuffle tree, each entry's row read from an
+array of the pattern's entry rows that the runtime keeps beside it
 (:class:`~scorch.compiler.ir.SampledDots`).  On graphs with a few entries per row the
 row-wise loops pay a mispredicted branch and a horizontal sum per row.
 
@@ -95,6 +96,7 @@ class _Lowerer:
         self.in_order = s.output[0] == "assemble" and s.loop_order == tuple(self.ein.output) and not s.splits
         self.params = self._params()
         self.crd_lengths: set = set()   # (operand, level) whose coordinate-array length the kernel reads
+        self.parent_arrays: set = set()  # (operand, level) whose entries' parent positions it reads
         self.acc_depth = None
 
     def _params(self):
@@ -211,6 +213,8 @@ class _Lowerer:
             name += "_" + self.out_index.replace("_t", "")
         params = self.params + tuple(Param(f"ncrd{t}_{k}", "int64_t", ("ncrd", t, k))
                                      for t, k in sorted(self.crd_lengths))
+        params += tuple(Param(f"par{t}_{k}", f"const {s.operands[t].index_ctype} *", ("parents", t, k))
+                        for t, k in sorted(self.parent_arrays))
         return Kernel(name, params, Block((Parallel(Block(tuple(self.prelude()) + tuple(body)),
                                                          _C("nthreads")),)), every,
                       uses_workspace=self.phase in ("count", "fill") and not self.in_order,
@@ -278,7 +282,8 @@ class _Lowerer:
         float32, int32 indices, a product of A's values and dense operands indexed ``(i,k)``,
         ``(j,k)`` or ``(k,)`` with unit stride along ``k``, ``k`` a multiple of 16 up to 256;
         None otherwise.  Rows of a few entries (4.5 per row on the citation graphs) leave the
-        row-wise loop's four-entry batches mostly empty; sixteen entries across rows fill them."""
+        row-wise loop's four-entry batches mostly empty; sixteen entries across rows fill them,
+        each lane's row read from the pattern's array of entry rows (``convert.entry_parents``)."""
         s = self.s
         if not (self.phase == "compute" and self.vtype == "float" and s.output[0] == "pattern" and not self.n_init
                 and s.parallel == "rows" and not s.splits and len(s.loop_order) == 3):
@@ -317,11 +322,13 @@ class _Lowerer:
         factors, scales = self._sampled()
         t = self.s.output[1]
         self.crd_lengths.add((t, 1))
+        self.parent_arrays.add((t, 1))
         pos = _C(f"pos{t}_1")
         zero = For("q_", Cast("int64_t", pos[loop.lo]), Cast("int64_t", pos[loop.hi]),
                    Block((Assign(_C("outp")[_C("q_")], Const(0.0)),)), simd=True)
-        return SampledDots(f"pos{t}_1", f"crd{t}_1", loop.lo, loop.hi, self.static[self.s.loop_order[2]] // 16,
-                           factors, scales, "outp", f"ncrd{t}_1", Block((zero, loop)))
+        return SampledDots(f"pos{t}_1", f"crd{t}_1", f"par{t}_1", loop.lo, loop.hi,
+                           self.static[self.s.loop_order[2]] // 16, factors, scales, "outp", f"ncrd{t}_1",
+                           Block((zero, loop)))
 
     def prelude(self):
         vt, s = self.vtype, self.s
