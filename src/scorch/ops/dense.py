@@ -55,7 +55,7 @@ def _eligible(x, weight, bias) -> bool:
     mode = config.dense_kernels
     if mode not in _MODES:
         raise ScorchValueError(f"scorch.config.dense_kernels must be one of {_MODES}, got {mode!r}")
-    if mode == "torch" or not build.have_compiler():
+    if mode == "torch":
         return False
     dense = (torch.Tensor, torch.nn.Parameter)
     if type(x) not in dense or type(weight) not in dense or (bias is not None and type(bias) not in dense):
@@ -64,13 +64,13 @@ def _eligible(x, weight, bias) -> bool:
             or (bias is not None and (bias.dtype != x.dtype or bias.shape != weight.shape[:1])):
         return False
     if x.dim() < 1 or weight.dim() != 2 or x.shape[-1] != weight.shape[1] or x.numel() == 0 \
-            or x.layout != torch.strided or x.device.type != "cpu" or weight.device.type != "cpu":
+            or x.layout != torch.strided or not x.is_cpu or not weight.is_cpu:
         return False
-    # the kernel keeps each output row in vector registers: whole vectors, up to 1 KiB or whole
-    # 256-byte column tiles (driver._MAX_STATIC_ROW elements at most)
+    # the kernel keeps each output row in vector registers: whole 64-byte lines (whole vectors
+    # of any width), up to 1 KiB or whole 256-byte column tiles, driver._MAX_STATIC_ROW at most
     n, size = weight.shape[0], x.element_size()
-    lanes = build.vector_bytes() // size
-    return n % lanes == 0 and n <= driver._MAX_STATIC_ROW and (n * size <= 1024 or n * size % 256 == 0)
+    return n * size % 64 == 0 and n <= driver._MAX_STATIC_ROW and (n * size <= 1024 or n * size % 256 == 0) \
+        and build.have_compiler()
 
 
 def choice(m: int, k: int, n: int, dtype, has_bias: bool, x=None, weight=None, bias=None) -> str:
