@@ -17,10 +17,13 @@ KEYS = {"workload", "case", "system", "median_ms", "speedup", "baseline", "is_ba
 
 def test_cli_quick_mlp(tmp_path):
     out = tmp_path / "rows.json"
-    p = subprocess.run([sys.executable, "-m", "scorch.bench", "--quick", "--only", "mlp", "--json", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "scorch.bench", "--quick", "--only", "mlp", "--json", str(out),
+                        "--dense-kernels", "torch"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
-    rows = json.loads(out.read_text())["rows"]
+    assert "dense products in layers: torch" in p.stderr
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert data["meta"]["dense_kernels"] == "torch"
     assert len(rows) >= 4
     for r in rows:
         assert KEYS <= set(r), set(r) ^ KEYS

@@ -52,17 +52,23 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="+", metavar="NAME", choices=sorted(WORKLOADS),
                     help=f"run only these workloads ({', '.join(WORKLOADS)})")
     ap.add_argument("--repeat", type=int, default=None, help="timed rounds per case (default 5 quick, 15 full)")
+    ap.add_argument("--dense-kernels", choices=("auto", "compiled", "torch"), default="auto",
+                    help="the dense x @ W^T inside scorch's layers: the faster of scorch's generated kernel and "
+                         "torch's, measured per shape (auto, default), or one of them always; 'torch' shows "
+                         "what the sparse kernels alone gain (scorch.config.dense_kernels)")
     add_malloc_option(ap)
     args = ap.parse_args(argv)
     malloc = apply_malloc_option(args)
 
     scorch.config.dispatch = "sparse"       # measure scorch's kernels, never the runtime's switch to dense
+    scorch.config.dense_kernels = args.dense_kernels
     cfg = Config(quick=args.quick, data=Path(args.data) if args.data else None)
     repeat = args.repeat or (10 if args.quick else 20)
     budget = 2.0 if args.quick else 20.0     # seconds of timed rounds per case, at most
     names = args.only or list(WORKLOADS)
     print(f"scorch bench: torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.machine()}, "
-          f"{'quick' if args.quick else 'full'}, data={cfg.data}, {malloc}", file=sys.stderr)
+          f"{'quick' if args.quick else 'full'}, data={cfg.data}, {malloc}, dense products in layers: "
+          f"{args.dense_kernels}", file=sys.stderr)
 
     t0 = time.perf_counter()
     rows = []
@@ -97,7 +103,7 @@ def main(argv=None) -> int:
     if args.json:
         write_json(rows, args.json, {"torch": torch.__version__, "threads": torch.get_num_threads(),
                                      "quick": args.quick, "elapsed_s": elapsed, "data": str(cfg.data),
-                                     "malloc": malloc})
+                                     "malloc": malloc, "dense_kernels": args.dense_kernels})
         print(f"JSON written to {args.json}")
     if args.plot:
         print(write_plot(rows, args.plot))
