@@ -154,3 +154,19 @@ def test_bad_mode_names_the_setting(monkeypatch):
     monkeypatch.setattr(scorch.config, "dense_kernels", "fast")
     with pytest.raises(ValueError, match="dense_kernels"):
         dense.linear(torch.randn(4, 4), torch.randn(16, 4))
+
+
+def test_jam_rows_refuses_effects_each_row_repeats():
+    """A row-independent store (``out[0] += 1``) must run once per row: not jammed.  A
+    prefetch and an assignment to a body-local variable may run once per block."""
+    from scorch.compiler.ir import Call, Eval, Load
+    loop = _row_loop()
+    effect = Assign(Load(Var("outp"), Const(0)), Const(1.0), "+=")
+    assert jam_rows(For("i", loop.lo, loop.hi, Block(loop.body.body + (effect,))), 2) is None
+    fetch = Eval(Call("__builtin_prefetch", (Var("d1"),)))
+    decl, inner, store = loop.body.body
+    extra = (Decl("float", "t", Const(1.0)), fetch, Assign(Var("t"), Const(2.0)))
+    inner = For(inner.var, inner.lo, inner.hi, Block(extra + inner.body.body))
+    blocks, _ = jam_rows(For("i", loop.lo, loop.hi, Block((decl, inner, store))), 2)
+    text = str(blocks)
+    assert text.count("__builtin_prefetch") == 1 and text.count("t = 2.0") == 1

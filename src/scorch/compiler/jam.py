@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .ir import Assign, Bin, Block, Const, Decl, Eval, Expr, For, Stmt, Var
+from .ir import Assign, Bin, Block, Call, Const, Decl, Eval, Expr, For, Stmt, Var
 
 __all__ = ["jam_rows", "substitute"]
 
@@ -61,6 +61,7 @@ def _reads(node, out: set) -> set:
 class _Jam:
     def __init__(self, var: str, factor: int, per_row: set):
         self.var, self.factor, self.per_row = var, factor, set(per_row)
+        self.local = set(per_row)   # names declared inside the body
 
     def copies(self, stmt) -> list:
         out = []
@@ -85,15 +86,27 @@ class _Jam:
                     return None
                 out += inner
             elif isinstance(s, (Decl, Assign, Eval)):
+                if isinstance(s, Decl):
+                    self.local.add(s.name)
                 if _reads(s, set()) & self.per_row or (isinstance(s, Decl) and s.name in self.per_row):
                     if isinstance(s, Decl):
                         self.per_row.add(s.name)
                     out += self.copies(s)
-                else:
+                elif isinstance(s, Decl) or _idempotent(s, self.local):
                     out.append(s)   # shared by every row of the block (a load of B's vector)
+                else:
+                    return None     # an effect that each row would repeat: not jammed
             else:
                 return None
         return out
+
+
+def _idempotent(s, local: set) -> bool:
+    """A row-independent statement that may run once for a block of rows: a prefetch, or an
+    assignment to a variable declared inside the body (each row would compute the same)."""
+    if isinstance(s, Eval):
+        return isinstance(s.value, Call) and s.value.fn == "__builtin_prefetch"
+    return isinstance(s.target, Var) and s.target.name in local
 
 
 def jam_rows(loop: For, factor: int) -> list | None:
