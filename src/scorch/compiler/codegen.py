@@ -391,7 +391,8 @@ def sampled_dots(s: SampledDots, ind: str) -> list[str]:
     cols = [(a, st) for a, by, st in s.factors if by == "col"]
 
     def lanes(row: str, col: str, ahead: bool) -> list[str]:
-        out = [f"{ind}    __m512 p_[16];", f"{ind}    #pragma GCC unroll 16", f"{ind}    for (int u_ = 0; u_ < 16; u_++) {{"]
+        out = [f"{ind}    __m512 p_[16];", f"{ind}    #pragma GCC unroll 16",
+               f"{ind}    for (int u_ = 0; u_ < 16; u_++) {{"]
         if ahead and cols:
             out += [f"{i2}if (q0_ + 32 + u_ < {s.ncrd}) {{",
                     f"{i2}  const int64_t ja_ = (int64_t){s.crd}[q0_ + 32 + u_];"]
@@ -421,7 +422,8 @@ def sampled_dots(s: SampledDots, ind: str) -> list[str]:
             f"{ind}    _mm512_storeu_si512(rowv_, _mm512_maskz_loadu_epi32(live_, {s.parents} + q0_));",
             f"{ind}    _mm512_storeu_si512(colv_, _mm512_maskz_loadu_epi32(live_, {s.crd} + q0_));"]
     tail += lanes("rowv_[u_]", "colv_[u_]", False)
-    tail.append(f"{ind}    _mm512_mask_storeu_ps({s.out} + q0_, live_, {scaled('_mm512_maskz_loadu_ps(live_, {} + q0_)')});")
+    masked = scaled("_mm512_maskz_loadu_ps(live_, {} + q0_)")
+    tail.append(f"{ind}    _mm512_mask_storeu_ps({s.out} + q0_, live_, {masked});")
     return (["#if defined(__AVX512F__)", f"{ind}{{",
              f"{ind}  int64_t q0_ = {s.pos}[{expr(s.lo)}];",
              f"{ind}  const int64_t qe_ = {s.pos}[{expr(s.hi)}];",

@@ -227,7 +227,8 @@ class GCNConv(_GraphConv):
             adj, x.shape[0], add_self_loops=self.add_self_loops, normalize=self.normalize, dtype=x.dtype,
             _layer="GCNConv"))
         # the bias starts the SpMM's row accumulators: no separate pass over the output
-        return einsum_add("ij,jk->ik", (A, dense_ops.linear(x, self.lin.weight)), () if self.bias is None else (self.bias,))
+        h = dense_ops.linear(x, self.lin.weight)
+        return einsum_add("ij,jk->ik", (A, h), () if self.bias is None else (self.bias,))
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, normalize={self.normalize}, cached={self.cached}"
@@ -265,21 +266,10 @@ class SAGEConv(_GraphConv):
             # both x @ W_l^T and the root term x @ W_r^T; the SpMM reads the first half and
             # starts its row accumulators from the second half plus the bias.
             o = self.out_channels
-            h = dense_ops.linear(x, self._stacked_weight())
+            h = dense_ops.linear(x, torch.cat([self.lin_l.weight, self.lin_r.weight]))
             return einsum_add("ij,jk->ik", (A, h[:, :o]), (h[:, o:],) + bias)
         root = dense_ops.linear(x, self.lin_r.weight, *bias)
         return torch.addmm(root, A @ x, self.lin_l.weight.t())
-
-    def _stacked_weight(self) -> torch.Tensor:
-        """``[W_l; W_r]`` (one GEMM for both terms); kept between calls while neither weight
-        changes and no gradient is wanted (a new one per call otherwise, in the graph)."""
-        wl, wr = self.lin_l.weight, self.lin_r.weight
-        if torch.is_grad_enabled() and (wl.requires_grad or wr.requires_grad):
-            return torch.cat([wl, wr])
-        key = (wl.data_ptr(), wl._version, wr.data_ptr(), wr._version, wl.dtype)
-        if getattr(self, "_stacked", (None,))[0] != key:
-            self._stacked = (key, torch.cat([wl.detach(), wr.detach()]))
-        return self._stacked[1]
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, aggr='mean', cached={self.cached}"
