@@ -20,7 +20,7 @@ import dataclasses
 
 from .ir import Assign, Bin, Block, Call, Const, Decl, Eval, Expr, For, Stmt, Var
 
-__all__ = ["jam_rows", "substitute"]
+__all__ = ["jam_rows", "reads", "substitute"]
 
 
 def substitute(node, names: dict):
@@ -43,18 +43,18 @@ def substitute(node, names: dict):
     return dataclasses.replace(node, **changes) if changes else node
 
 
-def _reads(node, out: set) -> set:
+def reads(node, out: set) -> set:
     """Names of the variables an IR node reads (assignment targets included)."""
     if isinstance(node, Var):
         out.add(node.name)
     elif isinstance(node, tuple):
         for x in node:
-            _reads(x, out)
+            reads(x, out)
     elif dataclasses.is_dataclass(node):
         for f in dataclasses.fields(node):
             v = getattr(node, f.name)
             if isinstance(v, (Expr, Stmt, tuple)):
-                _reads(v, out)
+                reads(v, out)
     return out
 
 
@@ -74,7 +74,7 @@ class _Jam:
         out = []
         for s in stmts:
             if isinstance(s, For):
-                if _reads((s.lo, s.hi), set()) & self.per_row:
+                if reads((s.lo, s.hi), set()) & self.per_row:
                     return None   # bounds that depend on the row (a compressed level): rows differ
                 inner = self.block(s.body.body)
                 if inner is None:
@@ -88,7 +88,7 @@ class _Jam:
             elif isinstance(s, (Decl, Assign, Eval)):
                 if isinstance(s, Decl):
                     self.local.add(s.name)
-                if _reads(s, set()) & self.per_row or (isinstance(s, Decl) and s.name in self.per_row):
+                if reads(s, set()) & self.per_row or (isinstance(s, Decl) and s.name in self.per_row):
                     if isinstance(s, Decl):
                         self.per_row.add(s.name)
                     out += self.copies(s)

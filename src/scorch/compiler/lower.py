@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from .ir import (Addr, Assign, Bin, Block, Break, Call, Cast, Const, Decl, Eval, For, Forever, If, Kernel, Param,
                  Parallel, SampledDots, Scope, SegmentedRows, Var, Vec, VecZero)
+from .blocks import dense_blocks
 from .jam import jam_rows
 from .lattice import lattice, needs_every_coordinate
 from .notation import Access, Neg, Op, Zero, accesses
@@ -201,10 +202,18 @@ class _Lowerer:
                          "tree (AVX-512 builds; the row-wise loop otherwise)",)
         factor = self._jam_factor()
         if factor > 1:
-            body, jammed = _jam_row_loops(body, s.loop_order[0], factor)
+            body, jammed = _rewrite_row_loop(body, s.loop_order[0], lambda loop: jam_rows(loop, factor))
             if jammed:
                 notes += (f"rows register-blocked {factor} at a time (each loaded vector of the dense "
                           f"operand feeds {factor} rows' accumulators)",)
+        factor = self._block_factor()
+        if factor > 1:
+            body, blocked = _rewrite_row_loop(body, s.loop_order[self.ws[1]],
+                                              lambda loop: dense_blocks(loop, factor, self.vtype))
+            if blocked:
+                notes += (f"rows {factor} at a time through a dense workspace where their columns span a window "
+                          "at most twice their entries (banded or blocked patterns: each loaded row of the dense "
+                          f"operand feeds {factor} rows), else row by row",)
         body += self.row_end(st) if not self.rows else []
         if s.parallel == "serial" or (s.output[0] == "assemble" and not self.rows):
             body = [If(_C("tid").eq(Const(0)), Block(tuple(body)))]
@@ -227,6 +236,27 @@ class _Lowerer:
         s = self.s
         if not (self.phase == "compute" and self.vec and self.ws[1] == 0 and s.output[0] == "dense"
                 and s.parallel == "rows"):
+            return 1
+        return max(1, min(8, 24 // self.nvec))
+
+    def _block_factor(self) -> int:
+        """Rows per dense workspace block (:mod:`.blocks`): an SpMM whose one sparse operand's
+        last level is an ordered, unique compressed level under dense ones (CSR, batched CSR),
+        walked right under the row loop, with each output row in vector registers; as many
+        rows as :meth:`_jam_factor` would jam.  1: none."""
+        s = self.s
+        if not (self.phase == "compute" and self.vec and s.output[0] == "dense" and s.parallel == "rows"
+                and self.assign_once and not self.n_init):
+            return 1
+        sparse = [t for t in sorted(self.used) if s.operands[t].sparse]
+        if len(sparse) != 1:
+            return 1
+        op = s.operands[sparse[0]]
+        levels, d = op.fmt.levels, self.ws[1]
+        if op.fmt.block or levels[-1].kind != "compressed" or not (levels[-1].ordered and levels[-1].unique) \
+                or any(lv.kind != "dense" for lv in levels[:-1]):
+            return 1
+        if len(s.loop_order) != d + 3 or s.loop_order[d + 1] != op.level_vars()[-1]:
             return 1
         return max(1, min(8, 24 // self.nvec))
 
@@ -748,22 +778,25 @@ class _Lowerer:
         return decls + [For(loop.var, _C("lo_t"), _C("hi_t"), loop.body, loop.simd, loop.reduction)]
 
 
-def _jam_row_loops(stmts, var: str, factor: int):
-    """``stmts`` with the thread's row loop (``for var in [lo_t, hi_t)``, possibly inside the loop
-    over column tiles) register-blocked by :func:`.jam.jam_rows`; and whether it was."""
-    out, jammed = [], False
+def _rewrite_row_loop(stmts, var: str, rewrite):
+    """``stmts`` with the loop over rows ``var`` (the thread's share of them, or every row of one
+    batch index; possibly inside the loop over batch indices or over column tiles) replaced by
+    ``rewrite(loop)`` where that returns statements; and whether it did."""
+    out, done = [], False
     for st in stmts:
-        if isinstance(st, For) and st.var == var and st.lo == _C("lo_t"):
-            new = jam_rows(st, factor)
+        if isinstance(st, For) and st.var == var:
+            new = rewrite(st)
             if new is not None:
                 out += new
-                jammed = True
+                done = True
                 continue
-        elif isinstance(st, For) and st.var == "kb":
-            inner, jammed = _jam_row_loops(st.body.body, var, factor)
-            st = For(st.var, st.lo, st.hi, Block(tuple(inner)), st.simd, st.reduction)
+        elif isinstance(st, For):
+            inner, found = _rewrite_row_loop(st.body.body, var, rewrite)
+            if found:
+                st = For(st.var, st.lo, st.hi, Block(tuple(inner)), st.simd, st.reduction)
+                done = True
         out.append(st)
-    return out, jammed
+    return out, done
 
 
 def _split_product(expr, loaded):

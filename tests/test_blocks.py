@@ -1,0 +1,102 @@
+"""SpMM through dense row blocks (:mod:`scorch.compiler.blocks`): blocks of rows whose columns
+cluster (bands, blocks) go through a dense workspace, the others row by row.  Oracles: the
+same products on dense tensors in float64."""
+
+import pytest
+import torch
+
+import scorch
+from scorch.compiler import build, driver
+
+pytestmark = pytest.mark.skipif(not build.have_compiler(), reason="no C compiler")
+
+
+def band(n, m, half, seed=0, dtype=torch.float32, empty=()):
+    """An n x m matrix with |i - j| <= half stored (random values), rows in ``empty`` cleared."""
+    g = torch.Generator().manual_seed(seed)
+    i = torch.arange(n)[:, None]
+    j = torch.arange(m)[None, :]
+    D = ((i - j).abs() <= half).to(dtype) * (torch.rand(n, m, generator=g, dtype=dtype) + 0.5)
+    for r in empty:
+        D[r] = 0
+    return D
+
+
+def scattered(n, m, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(n, m, generator=g) < 0.02).to(dtype) * torch.rand(n, m, generator=g, dtype=dtype)
+
+
+def check(A, X, want, dtype):
+    tol = 1e-4 if dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(scorch.einsum(A.ndim == 3 and "hij,hjk->hik" or "ij,jk->ik", A, X).double(),
+                               want, atol=tol, rtol=tol)
+
+
+def test_plan_says_so():
+    A = scorch.as_sparse(band(40, 40, 3), "csr")
+    plan = scorch.explain("ij,jk->ik", A, torch.randn(40, 64))
+    assert any("dense workspace" in n for n in plan.notes)
+    assert "blk_ws_" in plan.source
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("K", [16, 32, 64, 128])
+@pytest.mark.parametrize("n,half", [(5, 2), (37, 4), (100, 20), (61, 0)])
+def test_band_matches_dense(dtype, K, n, half):
+    """Bands of every width (half=0: the diagonal), row counts that leave a tail of rows."""
+    D = band(n, n + 3, half, seed=n + K, dtype=dtype)
+    X = torch.randn(n + 3, K, dtype=dtype)
+    check(scorch.as_sparse(D, "csr"), X, D.double() @ X.double(), dtype)
+
+
+@pytest.mark.parametrize("empty", [(0,), (3, 4, 5), tuple(range(6)), (10, 11, 17)])
+def test_empty_rows_inside_blocks(empty):
+    D = band(30, 30, 3, empty=empty)
+    X = torch.randn(30, 64)
+    check(scorch.as_sparse(D, "csr"), X, D.double() @ X.double(), torch.float32)
+
+
+def test_mixed_blocks_and_scattered_rows():
+    """A band over the first rows, scattered columns below: both paths in one call."""
+    D = torch.cat([band(24, 500, 2), scattered(40, 500, seed=3)])
+    X = torch.randn(500, 64)
+    check(scorch.as_sparse(D, "csr"), X, D.double() @ X.double(), torch.float32)
+
+
+def test_window_wider_than_the_workspace_runs_row_by_row():
+    """Six full rows of 3000 columns: dense enough, but wider than the workspace (2048)."""
+    D = torch.rand(6, 3000) + 0.1
+    X = torch.randn(3000, 32)
+    check(scorch.as_sparse(D, "csr"), X, D.double() @ X.double(), torch.float32)
+
+
+@pytest.mark.parametrize("nthreads", [1, 2, 3])
+def test_batched_band_attention_shape(nthreads, monkeypatch):
+    """The attention layer's product: (heads, L, L) with a window per head, times (heads, L, d)."""
+    monkeypatch.setattr(build, "threads_for", lambda work: nthreads)
+    D = torch.stack([band(50, 50, h + 1, seed=h) for h in range(3)])
+    V = torch.randn(3, 50, 64)
+    A = scorch.as_sparse(D, "csr")
+    assert any("dense workspace" in n for n in scorch.explain("hij,hjk->hik", A, V).notes)
+    check(A, V, D.double() @ V.double(), torch.float32)
+
+
+@pytest.mark.parametrize("width", [16, 32])
+def test_narrower_vectors(width, monkeypatch):
+    def clear():
+        driver._PLANS.clear(), driver._BOUND.clear()
+    clear()
+    monkeypatch.setattr(build, "vector_bytes", lambda: width)
+    try:
+        D = band(45, 45, 5)
+        X = torch.randn(45, 64)
+        check(scorch.as_sparse(D, "csr"), X, D.double() @ X.double(), torch.float32)
+    finally:
+        clear()
+
+
+def test_strided_dense_operand():
+    D = band(33, 40, 4)
+    X = torch.randn(40, 96)[:, 16:80]     # row stride 96
+    check(scorch.as_sparse(D, "csr"), X, D.double() @ X.double(), torch.float32)
