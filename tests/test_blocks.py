@@ -100,3 +100,104 @@ def test_strided_dense_operand():
     D = band(33, 40, 4)
     X = torch.randn(40, 96)[:, 16:80]     # row stride 96
     check(scorch.as_sparse(D, "csr"), X, D.double() @ X.double(), torch.float32)
+
+
+# ---------------------------------------------------------------- SDDMM (BlockDots)
+
+def sddmm_oracle(D, Q, K):
+    """A[.., i, j] * (Q[.., i, :] . K[.., j, :]) in A's pattern, as a dense float64 tensor."""
+    return D.double() * (Q.double() @ K.double().transpose(-1, -2))
+
+
+def check_sddmm(D, Q, K, dtype):
+    eq = "hij,hik,hjk->hij" if D.dim() == 3 else "ij,ik,jk->ij"
+    A = scorch.as_sparse(D, "csr")
+    got = scorch.einsum(eq, A, Q, K)
+    assert scorch.is_sparse(got) and got.nnz == A.nnz
+    tol = 1e-4 if dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(got.to_dense().double(), sddmm_oracle(D, Q, K), atol=tol, rtol=tol)
+    return scorch.explain(eq, A, Q, K)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("K", [16, 64])
+@pytest.mark.parametrize("L,half", [(5, 2), (40, 3), (70, 12), (33, 0)])
+def test_batched_band_sddmm(dtype, K, L, half):
+    D = torch.stack([band(L, L, half, seed=h, dtype=dtype) for h in range(3)])
+    Q, Kt = torch.randn(3, L, K, dtype=dtype), torch.randn(3, L, K, dtype=dtype)
+    plan = check_sddmm(D, Q, Kt, dtype)
+    assert any("SDDMM rows" in n for n in plan.notes)
+
+
+def test_band_sddmm_float64_two_dims():
+    """Float64 leaves the sixteen-across-rows form aside: the 2-d SDDMM gets the blocks."""
+    D = band(50, 60, 5, dtype=torch.float64)
+    Q, Kt = torch.randn(50, 24, dtype=torch.float64), torch.randn(60, 24, dtype=torch.float64)
+    plan = check_sddmm(D, Q, Kt, torch.float64)
+    assert any("SDDMM rows" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize("empty", [(0,), (3, 4, 5), tuple(range(6)), (10, 11, 17)])
+def test_sddmm_empty_rows_inside_blocks(empty):
+    D = torch.stack([band(30, 30, 3, empty=empty), band(30, 30, 2, seed=1)])
+    check_sddmm(D, torch.randn(2, 30, 32), torch.randn(2, 30, 32), torch.float32)
+
+
+def test_sddmm_mixed_and_wide():
+    """A band over the first rows, scattered columns below; and six full 3000-column rows
+    (wider than the workspace): the row-wise loop where blocks do not apply."""
+    D = torch.cat([band(24, 500, 2), scattered(40, 500, seed=3)]).unsqueeze(0)
+    check_sddmm(D, torch.randn(1, 64, 16), torch.randn(1, 500, 16), torch.float32)
+    W = (torch.rand(6, 3000) + 0.1).unsqueeze(0)
+    check_sddmm(W, torch.randn(1, 6, 16), torch.randn(1, 3000, 16), torch.float32)
+
+
+@pytest.mark.parametrize("nthreads", [1, 2, 3])
+@pytest.mark.parametrize("width", [16, 32, 64])
+def test_sddmm_threads_and_widths(nthreads, width, monkeypatch):
+    def clear():
+        driver._PLANS.clear(), driver._BOUND.clear()
+    clear()
+    monkeypatch.setattr(build, "threads_for", lambda work: nthreads)
+    monkeypatch.setattr(build, "vector_bytes", lambda: width)
+    try:
+        D = torch.stack([band(45, 45, h + 2, seed=h) for h in range(4)])
+        check_sddmm(D, torch.randn(4, 45, 64), torch.randn(4, 45, 64), torch.float32)
+    finally:
+        clear()
+
+
+def test_kernels_that_skip_the_zero_fill_write_every_output(monkeypatch):
+    """Outputs of kernels that write every element (SDDMM into a pattern, SpMM rows, SpMV, the
+    dense products) are allocated without zeros: allocate them full of NaN instead, and every
+    result must still match its oracle (a hole would show as NaN)."""
+    empty = torch.empty
+
+    def nan_empty(*size, **kw):
+        out = empty(*size, **kw)
+        return out.fill_(float("nan")) if out.dtype.is_floating_point else out
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    driver._PLANS.clear(), driver._BOUND.clear(), driver._DENSE_BOUND.clear()
+    try:
+        g = torch.Generator().manual_seed(7)
+        D = torch.cat([band(30, 40, 3), scattered(30, 40, seed=4)])
+        for fmt in ("csr", "coo", "dcsr"):
+            A = scorch.as_sparse(D, fmt)
+            Q, Kt = torch.randn(60, 16, generator=g), torch.randn(40, 16, generator=g)
+            got = scorch.einsum("ij,ik,jk->ij", A, Q, Kt).to_dense()
+            torch.testing.assert_close(got.double(), sddmm_oracle(D, Q, Kt), atol=1e-4, rtol=1e-4)
+            X = torch.randn(40, 64, generator=g)
+            torch.testing.assert_close(scorch.einsum("ij,jk->ik", A, X).double(), D.double() @ X.double(),
+                                       atol=1e-4, rtol=1e-4)
+            x = torch.randn(40, generator=g)
+            torch.testing.assert_close(scorch.einsum("ij,j->i", A, x).double(), D.double() @ x.double(),
+                                       atol=1e-4, rtol=1e-4)
+        B = torch.stack([band(30, 30, 2), band(30, 30, 4, seed=2)])
+        Q3, K3 = torch.randn(2, 30, 32, generator=g), torch.randn(2, 30, 32, generator=g)
+        got = scorch.einsum("hij,hik,hjk->hij", scorch.as_sparse(B, "csr"), Q3, K3).to_dense()
+        torch.testing.assert_close(got.double(), sddmm_oracle(B, Q3, K3), atol=1e-4, rtol=1e-4)
+        a, b = torch.randn(37, 20, generator=g), torch.randn(20, 64, generator=g)
+        torch.testing.assert_close(driver.compiled("ij,jk->ik", (a, b)).double(), a.double() @ b.double(),
+                                   atol=1e-4, rtol=1e-4)
+    finally:
+        driver._PLANS.clear(), driver._BOUND.clear(), driver._DENSE_BOUND.clear()

@@ -272,6 +272,39 @@ class SampledDots(Stmt):
 
 
 @dataclass(frozen=True)
+class BlockDots(Stmt):
+    """An SDDMM's rows ``loop.lo .. loop.hi-1`` (``loop``: the row-wise loop, kept for the rest),
+    ``factor`` rows at a time: a block whose stored columns span a window at most twice its
+    entries (and at most ``wmax`` wide) gets the dot products of every (row, window column) pair
+    -- each loaded row of the column factor shared by the block's rows, four dots per
+    horizontal sum -- and its stored entries read off through a window-sized map of their
+    positions; other blocks, and the last rows, run ``loop``.  ``head``: the row body's
+    position declarations; ``parent``: the row's position in ``pos``; ``row`` / ``col``:
+    ``(array, offset)`` of the factors' vectors at ``k = 0`` (offsets over the row variable and
+    ``col_var``); ``scale``: the sparse operand's values array."""
+    loop: For
+    head: tuple
+    pos: str
+    crd: str
+    parent: Expr
+    row: tuple
+    col: tuple
+    col_var: str
+    ncols: Expr
+    scale: str
+    out: str
+    nvec: int
+    lanes: int
+    vtype: str
+    factor: int
+    wmax: int
+
+    def __str__(self):
+        return (f"block dots of {self.pos}, {self.factor} rows at a time: {self.out}[q] = {self.scale}[q] * "
+                f"{self.row[0]}[row] . {self.col[0]}[col]\nelse:\n" + _indent(str(self.loop)))
+
+
+@dataclass(frozen=True)
 class Param:
     """A kernel argument: ``ctype`` is a C type (pointers end in '*')."""
     name: str

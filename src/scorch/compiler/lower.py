@@ -34,8 +34,8 @@ Only level capabilities (``kind``) are consulted, never format names.
 
 from __future__ import annotations
 
-from .ir import (Addr, Assign, Bin, Block, Break, Call, Cast, Const, Decl, Eval, For, Forever, If, Kernel, Param,
-                 Parallel, SampledDots, Scope, SegmentedRows, Var, Vec, VecZero)
+from .ir import (Addr, Assign, Bin, Block, BlockDots, Break, Call, Cast, Const, Decl, Eval, For, Forever, If, Kernel,
+                 Param, Parallel, SampledDots, Scope, SegmentedRows, Var, Vec, VecZero)
 from .blocks import dense_blocks
 from .jam import jam_rows
 from .lattice import lattice, needs_every_coordinate
@@ -43,6 +43,7 @@ from .notation import Access, Neg, Op, Zero, accesses
 from .schedule import Schedule
 
 _C = Var
+_BLOCK_ROWS = 6  # rows per SDDMM block (BlockDots)
 
 
 class _State:
@@ -74,6 +75,10 @@ class _Lowerer:
         self.acc_once = (phase == "compute" and s.output[0] == "dense" and s.parallel != "buffers"
                          and not s.row_workspace and 0 <= last_out < len(order) - 1 and last_out + 1 == len(out)
                          and all(self._dense_output_loop(v) for v in order[:last_out + 1]))
+        # The same for an output in an operand's pattern when that operand alone is walked, its
+        # levels outermost and in order, the reductions inside (SDDMM): every stored entry is
+        # visited once, its accumulator assigned, and the values need no zero-fill.
+        self.pattern_once = self._pattern_once()
         self.lanes = vbytes // (4 if vtype == "float" else 8)
         self.vec = bool(self.ws) and self._vectorisable(self.ws[0])
         # Long rows are tiled: 256 bytes of the row at a time (4 AVX-512 vectors, 8 narrower
@@ -189,7 +194,8 @@ class _Lowerer:
         st = _State({t: 0 for t in sparse}, {t: Const(0) for t in sparse}, set(), {})
         body = self.row_start(st) if not self.rows else []
         body += self.loop(0, s.expr, st)
-        notes, every = (), self.assign_once or self.acc_once
+        notes, every = (), self.assign_once or self.acc_once or self.pattern_once
+        dots = self._block_dots()
         if body and isinstance(body[-1], For) and body[-1].lo == _C("lo_t"):
             if self._segmented() is not None:
                 body[-1] = self._segmented_rows(body[-1])
@@ -197,7 +203,7 @@ class _Lowerer:
                          "the row-wise loop otherwise)",)
             elif self._sampled() is not None:
                 body[-1] = self._sampled_dots(body[-1])
-                every = True  # every entry of the pattern, on either path (the fallback zeroes its range)
+                every, dots = True, None  # every entry of the pattern, on either path (the fallback zeroes it)
                 notes = ("sampled dot products 16 entries at a time across row ends, reduced by one shuffle "
                          "tree (AVX-512 builds; the row-wise loop otherwise)",)
         factor = self._jam_factor()
@@ -206,6 +212,12 @@ class _Lowerer:
             if jammed:
                 notes += (f"rows register-blocked {factor} at a time (each loaded vector of the dense "
                           f"operand feeds {factor} rows' accumulators)",)
+        if dots is not None:
+            body, blocked = _rewrite_row_loop(body, s.loop_order[-3], dots)
+            if blocked:
+                notes += (f"SDDMM rows {_BLOCK_ROWS} at a time where their columns span a window at most twice "
+                          "their entries (banded or blocked patterns): every dot product of the window, each "
+                          "loaded row shared by the block's rows; else row by row",)
         factor = self._block_factor()
         if factor > 1:
             body, blocked = _rewrite_row_loop(body, s.loop_order[self.ws[1]],
@@ -239,6 +251,61 @@ class _Lowerer:
             return 1
         return max(1, min(8, 24 // self.nvec))
 
+    def _pattern_once(self) -> bool:
+        s = self.s
+        if not (self.phase == "compute" and s.output[0] == "pattern" and s.parallel != "buffers" and not s.splits):
+            return False
+        t = s.output[1]
+        op = s.operands[t]
+        used = {a.operand for a in accesses(s.expr)}
+        if any(s.operands[u].sparse for u in used if u != t) or op.fmt.block \
+                or any(lv.kind == "padded" for lv in op.fmt.levels):
+            return False
+        n = len(op.fmt.levels)
+        return tuple(s.loop_order[:n]) == op.level_vars() and n < len(s.loop_order)
+
+    def _block_dots(self):
+        """For an SDDMM into the pattern of a (batched) CSR operand, ``out[q] = A[.., i, j] *
+        sum_k X[.., i, k] * Y[.., j, k]`` with ``k`` vectorised: a function turning the row loop
+        into a :class:`~scorch.compiler.ir.BlockDots`; None otherwise."""
+        s = self.s
+        if not (self.phase == "compute" and s.output[0] == "pattern" and not self.n_init and self.vec_reduce
+                and s.parallel == "rows" and not s.splits):
+            return None
+        t = s.output[1]
+        op, order = s.operands[t], s.loop_order
+        if [u for u in sorted(self.used) if s.operands[u].sparse] != [t] or not _csr_like(op) \
+                or tuple(order[:-1]) != op.level_vars():
+            return None
+        i, j, k = order[-3:]
+        accs, factors = _product_factors(s.expr), {}
+        if accs is None:
+            return None
+        for e in accs:
+            if e.operand == t:
+                continue
+            d, idx = s.operands[e.operand], tuple(e.indices)
+            kind = "row" if idx == tuple(order[:-2]) + (k,) else "col" if idx == tuple(order[:-3]) + (j, k) else None
+            if d.sparse or not d.unit_stride or kind is None or kind in factors:
+                return None
+            factors[kind] = e.operand
+        if set(factors) != {"row", "col"}:
+            return None
+        n = len(op.fmt.levels)
+        row = (f"d{factors['row']}", self.dense_offset(factors["row"], {k: Const(0)}))
+        col = (f"d{factors['col']}", self.dense_offset(factors["col"], {k: Const(0)}))
+
+        def build(loop: For):
+            head = []
+            for st in loop.body.body:
+                if not (isinstance(st, Decl) and st.ctype == "int64_t" and st.name.startswith(f"q{t}_")):
+                    break
+                head.append(st)
+            return [BlockDots(loop, tuple(head), f"pos{t}_{n - 1}", f"crd{t}_{n - 1}", _C(f"q{t}_{n - 2}"), row, col,
+                              j, _C(f"n_{j}"), f"vals{t}", "outp", self.static[k] // self.lanes, self.lanes,
+                              self.vtype, _BLOCK_ROWS, 2048)]
+        return build
+
     def _block_factor(self) -> int:
         """Rows per dense workspace block (:mod:`.blocks`): an SpMM whose one sparse operand's
         last level is an ordered, unique compressed level under dense ones (CSR, batched CSR),
@@ -251,12 +318,8 @@ class _Lowerer:
         sparse = [t for t in sorted(self.used) if s.operands[t].sparse]
         if len(sparse) != 1:
             return 1
-        op = s.operands[sparse[0]]
-        levels, d = op.fmt.levels, self.ws[1]
-        if op.fmt.block or levels[-1].kind != "compressed" or not (levels[-1].ordered and levels[-1].unique) \
-                or any(lv.kind != "dense" for lv in levels[:-1]):
-            return 1
-        if len(s.loop_order) != d + 3 or s.loop_order[d + 1] != op.level_vars()[-1]:
+        op, d = s.operands[sparse[0]], self.ws[1]
+        if not _csr_like(op) or len(s.loop_order) != d + 3 or s.loop_order[d + 1] != op.level_vars()[-1]:
             return 1
         return max(1, min(8, 24 // self.nvec))
 
@@ -326,15 +389,10 @@ class _Lowerer:
         if a.index_ctype != "int32_t" or tuple(a.level_vars()) != (i, j) \
                 or [lv.kind for lv in a.fmt.levels] != ["dense", "compressed"]:
             return None
-        factors, scales = [], []
-        stack = [s.expr]
-        while stack:
-            e = stack.pop()
-            if isinstance(e, Op) and e.op == "*":
-                stack += [e.b, e.a]
-                continue
-            if not isinstance(e, Access):
-                return None
+        factors, scales, accs = [], [], _product_factors(s.expr)
+        if accs is None:
+            return None
+        for e in accs:
             op = s.operands[e.operand]
             if e.operand == t:
                 scales.append(f"vals{t}")
@@ -709,7 +767,7 @@ class _Lowerer:
         if self.acc_depth != depth:
             return []
         self.acc_depth = None
-        return [Assign(self.target(st), _C("acc"), "=" if self.acc_once else "+=")]
+        return [Assign(self.target(st), _C("acc"), "=" if self.acc_once or self.pattern_once else "+=")]
 
     def leaf(self, expr, st):
         val = self.value(expr, st)
@@ -797,6 +855,28 @@ def _rewrite_row_loop(stmts, var: str, rewrite):
                 done = True
         out.append(st)
     return out, done
+
+
+def _product_factors(expr):
+    """The accesses multiplied in ``expr`` (a product of operand accesses), outer first; None
+    when it is anything else."""
+    factors, stack = [], [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Op) and e.op == "*":
+            stack += [e.b, e.a]
+        elif isinstance(e, Access):
+            factors.append(e)
+        else:
+            return None
+    return factors
+
+
+def _csr_like(op) -> bool:
+    """Dense levels over one ordered, unique compressed level (CSR, batched CSR), unblocked."""
+    levels = op.fmt.levels
+    return (not op.fmt.block and len(levels) >= 2 and levels[-1].kind == "compressed" and levels[-1].ordered
+            and levels[-1].unique and all(lv.kind == "dense" for lv in levels[:-1]))
 
 
 def _split_product(expr, loaded):
