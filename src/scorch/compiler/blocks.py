@@ -21,14 +21,72 @@ vector accumulations, stores); anything else returns None.
 
 from __future__ import annotations
 
-from .ir import Assign, Bin, Block, Break, Call, Cast, Const, Decl, For, Forever, If, Load, Var
+from dataclasses import dataclass
+from typing import Callable
+
+from .ir import Assign, Bin, Block, Break, Call, Cast, Const, Decl, Expr, For, Forever, If, Load, Var
 from .jam import jam_rows, reads, substitute
 
-__all__ = ["dense_blocks"]
+__all__ = ["MISSES", "Rows", "dense_blocks", "row_blocks"]
 
+# the names the block driver binds (dense statements read FIRST_ROW, WINDOW_LO, WINDOW)
 _I0, _LO, _HI, _CNT, _W, _NB, _WS = "blk_i0_", "blk_lo_", "blk_hi_", "blk_n_", "blk_w_", "blk_nb_", "blk_ws_"
+FIRST_ROW, WINDOW_LO, WINDOW = _I0, _LO, _W
 _A, _B, _C, _ROW, _BLK, _DENSE, _MISS = "blk_a_", "blk_b_", "blk_c_", "blk_row_", "blk_", "blk_dense_", "blk_miss_"
 MISSES = 8  # sparse blocks in a row after which a thread keeps to the row-wise loop
+
+
+@dataclass(frozen=True)
+class Rows:
+    """What the block driver needs of a row loop over a compressed level: ``head`` (the row
+    body's position declarations), ``lo`` / ``hi`` (the row's entry range, over them),
+    ``crd`` (the column of an entry, as int64, given its position), ``ncols``."""
+    head: tuple
+    lo: Expr
+    hi: Expr
+    crd: Callable
+    ncols: Expr
+
+
+def row_blocks(loop: For, factor: int, rows: Rows, dense: tuple, workspace: tuple, wmax: int) -> list:
+    """``loop`` as blocks of ``factor`` rows: a block whose stored columns span a window at
+    most twice its entries and at most ``wmax`` wide runs ``dense`` (statements that read the
+    block's first row ``blk_i0_``, window start ``blk_lo_`` and width ``blk_w_``), any other
+    block and the last rows run ``loop``'s body.  ``workspace``: declarations made once,
+    before the blocks.  Shared by the SpMM and SDDMM forms."""
+    i, R = loop.var, Const(factor)
+    span = (Var(_I0), Var(_I0) + R)
+    bounds = tuple(rows.head) + (Decl("const int64_t", _A, rows.lo), Decl("const int64_t", _B, rows.hi))
+    scan = For(i, *span, Block(bounds + (If(Var(_A).lt(Var(_B)), Block((
+        Assign(Var(_LO), Call("SCORCH_MIN", (Var(_LO), rows.crd(Var(_A))))),
+        Assign(Var(_HI), Call("SCORCH_MAX", (Var(_HI), rows.crd(Var(_B) - Const(1))))),
+        Assign(Var(_CNT), Var(_B) - Var(_A), "+=")))),)))
+    # A cheap test first: the columns of the block's first and last entries bound its window
+    # from inside (W >= their distance), so a block with scattered columns is sent row by row
+    # after four loads; only a block that may be dense enough is scanned row by row.
+    ends = (For(i, Var(_I0), Var(_I0) + Const(1), Block(tuple(rows.head) + (Assign(Var(_A), rows.lo),))),
+            For(i, Var(_I0) + R - Const(1), Var(_I0) + R, Block(tuple(rows.head) + (Assign(Var(_B), rows.hi),))))
+    may = Bin("&&", Var(_A).lt(Var(_B)),
+              Bin("<=", (rows.crd(Var(_B) - Const(1)) - rows.crd(Var(_A)) + Const(1)) * R,
+                  Const(2) * (Var(_B) - Var(_A))))
+    is_dense = Bin("&&", Bin("&&", Var(_HI).ge(Const(0)), Bin("<=", Var(_W), Const(wmax))),
+                   Bin("<=", Var(_W) * R, Const(2) * Var(_CNT)))
+    # A thread gives up on blocks after MISSES sparse ones in a row and runs the rest of its
+    # rows with the plain loop: a graph with scattered columns pays for a few tests, not one
+    # per block.
+    block = Block((
+        If(Bin("||", Bin(">=", Var(_BLK), Var(_NB)), Bin(">=", Var(_MISS), Const(MISSES))), Block((Break(),))),
+        Decl("const int64_t", _I0, loop.lo + Var(_BLK) * R),
+        Decl("int64_t", _A, Const(0)), Decl("int64_t", _B, Const(0)), *ends,
+        Decl("int64_t", _LO, rows.ncols), Decl("int64_t", _HI, Const(-1)), Decl("int64_t", _CNT, Const(0)),
+        Decl("int64_t", _W, Const(0)), Decl("int64_t", _DENSE, Const(0)),
+        If(may, Block((scan, Assign(Var(_W), Var(_HI) - Var(_LO) + Const(1)), Assign(Var(_DENSE), is_dense)))),
+        If(Var(_DENSE), Block(tuple(dense) + (Assign(Var(_MISS), Const(0)),)),
+           Block((For(i, *span, loop.body), Assign(Var(_MISS), Const(1), "+=")))),
+        Assign(Var(_BLK), Const(1), "+=")))
+    nb = Bin("/", Bin("-", loop.hi, loop.lo), R)
+    return [*workspace, Decl("const int64_t", _NB, nb), Decl("int64_t", _BLK, Const(0)),
+            Decl("int64_t", _MISS, Const(0)), Forever(block), For(i, loop.lo + Var(_BLK) * R, loop.hi, loop.body)]
 
 
 def dense_blocks(loop: For, factor: int, vtype: str, wmax: int = 2048) -> list | None:
@@ -40,53 +98,21 @@ def dense_blocks(loop: For, factor: int, vtype: str, wmax: int = 2048) -> list |
         return None
     head, accs, walk, col, value, assigns, stores = parts
     i, q, j = loop.var, walk.var, col.name
-    R = Const(factor)
-    rows = (Var(_I0), Var(_I0) + R)
-    bounds = head + [Decl("const int64_t", _A, walk.lo), Decl("const int64_t", _B, walk.hi)]
-    crd_at = lambda e: substitute(col.value, {q: e})  # noqa: E731  (crd[e] as int64)
-    scan = For(i, *rows, Block(tuple(bounds) + (If(Var(_A).lt(Var(_B)), Block((
-        Assign(Var(_LO), Call("SCORCH_MIN", (Var(_LO), crd_at(Var(_A))))),
-        Assign(Var(_HI), Call("SCORCH_MAX", (Var(_HI), crd_at(Var(_B) - Const(1))))),
-        Assign(Var(_CNT), Var(_B) - Var(_A), "+=")))),)))
+    span = (Var(_I0), Var(_I0) + Const(factor))
     row_ws = (Var(i) - Var(_I0)) * Var(_W)
-    fill = For(i, *rows, Block(tuple(bounds) + (
+    fill = For(i, *span, Block(tuple(head) + (
+        Decl("const int64_t", _A, walk.lo), Decl("const int64_t", _B, walk.hi),
         Decl(f"{vtype} * restrict", _ROW, Var(_WS) + row_ws),
         For(_C, Const(0), Var(_W), Block((Assign(Load(Var(_ROW), Var(_C)), Const(0.0)),)), simd=True),
         For(q, Var(_A), Var(_B), Block((Assign(Load(Var(_ROW), col.value - Var(_LO)), value.value),))))))
     window = For(_C, Const(0), Var(_W), Block((
         Decl("const int64_t", j, Var(_LO) + Var(_C)),
         Decl(value.ctype, value.name, Load(Var(_WS), row_ws + Var(_C))), *assigns)))
-    jammed = jam_rows(For(i, *rows, Block(tuple(accs) + (window,) + tuple(stores))), factor)
+    jammed = jam_rows(For(i, *span, Block(tuple(accs) + (window,) + tuple(stores))), factor)
     if jammed is None:
         return None
-    # A cheap test first: the columns of the block's first and last entries bound its window
-    # from inside (W >= their distance), so a block with scattered columns is sent row by row
-    # after four loads; only a block that may be dense enough is scanned row by row.
-    first, last = (Var(_I0), Var(_I0) + Const(1)), (Var(_I0) + R - Const(1), Var(_I0) + R)
-    ends = (For(i, *first, Block(tuple(head) + (Assign(Var(_A), walk.lo),))),
-            For(i, *last, Block(tuple(head) + (Assign(Var(_B), walk.hi),))))
-    may = Bin("&&", Var(_A).lt(Var(_B)),
-              Bin("<=", (crd_at(Var(_B) - Const(1)) - crd_at(Var(_A)) + Const(1)) * R,
-                  Const(2) * (Var(_B) - Var(_A))))
-    dense = Bin("&&", Bin("&&", Var(_HI).ge(Const(0)), Bin("<=", Var(_W), Const(wmax))),
-                Bin("<=", Var(_W) * R, Const(2) * Var(_CNT)))
-    # A thread gives up on blocks after MISSES sparse ones in a row and runs the rest of its
-    # rows with the plain loop: a graph with scattered columns pays for a few tests, not one
-    # per block.
-    block = Block((
-        If(Bin("||", Bin(">=", Var(_BLK), Var(_NB)), Bin(">=", Var(_MISS), Const(MISSES))), Block((Break(),))),
-        Decl("const int64_t", _I0, loop.lo + Var(_BLK) * R),
-        Decl("int64_t", _A, Const(0)), Decl("int64_t", _B, Const(0)), *ends,
-        Decl("int64_t", _LO, Var(f"n_{j}")), Decl("int64_t", _HI, Const(-1)), Decl("int64_t", _CNT, Const(0)),
-        Decl("int64_t", _W, Const(0)), Decl("int64_t", _DENSE, Const(0)),
-        If(may, Block((scan, Assign(Var(_W), Var(_HI) - Var(_LO) + Const(1)), Assign(Var(_DENSE), dense)))),
-        If(Var(_DENSE), Block((fill, jammed[0], Assign(Var(_MISS), Const(0)))),
-           Block((For(i, *rows, loop.body), Assign(Var(_MISS), Const(1), "+=")))),
-        Assign(Var(_BLK), Const(1), "+=")))
-    nb = Bin("/", Bin("-", loop.hi, loop.lo), R)
-    return [Decl(vtype, f"{_WS}[{factor * wmax}]"), Decl("const int64_t", _NB, nb),
-            Decl("int64_t", _BLK, Const(0)), Decl("int64_t", _MISS, Const(0)), Forever(block),
-            For(i, loop.lo + Var(_BLK) * R, loop.hi, loop.body)]
+    rows = Rows(tuple(head), walk.lo, walk.hi, lambda e: substitute(col.value, {q: e}), Var(f"n_{j}"))
+    return row_blocks(loop, factor, rows, (fill, jammed[0]), (Decl(vtype, f"{_WS}[{factor * wmax}]"),), wmax)
 
 
 def _parts(loop: For):

@@ -435,52 +435,21 @@ def sampled_dots(s: SampledDots, ind: str) -> list[str]:
 
 
 def block_dots(s: BlockDots, ind: str) -> list[str]:
-    """The SDDMM block loop of :class:`BlockDots` (generic vectors, any width): a cheap window
-    test on each block's first and last entries, the exact one over its rows, then either
-    the window's dot products (four per ``scorch_hsum4``, into a rows x window workspace) read
-    off at the stored entries, or the row loop; after ``MISSES`` sparse blocks in a row the
-    row loop takes the rest."""
-    from .blocks import MISSES
-    vt, R, i, j = s.vtype, s.factor, s.loop.var, s.col_var
+    """The dense part of an SDDMM row block (:class:`BlockDots`; generic vectors, any width):
+    the window's dot products, four per ``scorch_hsum4``, into the workspace; then the block's
+    stored entries read off from it."""
+    from .blocks import FIRST_ROW as i0, WINDOW as w, WINDOW_LO as lo
+    vt, R, i, j = s.vtype, s.factor, s.row_var, s.col_var
     vec = f"scorch_vec_{vt}"
-    head = [line for d in s.head for line in stmt(d, "")]
-
-    def row_scope(row: str, body: list[str], pad: str) -> list[str]:
-        return ([f"{pad}{{", f"{pad}  const int64_t {i} = {row};"] + [f"{pad}  {h}" for h in head]
-                + [f"{pad}  {b}" for b in body] + [f"{pad}}}"])
-
-    def rows_loop(body: list[str], pad: str) -> list[str]:
-        return ([f"{pad}for (int64_t {i} = bd_i0_; {i} < bd_i0_ + {R}; {i}++) {{"] + [f"{pad}  {h}" for h in head]
-                + [f"{pad}  {b}" for b in body] + [f"{pad}}}"])
-    P, pos, crd = expr(s.parent), s.pos, s.crd
-    ends = [f"const int64_t bd_ra_ = (int64_t){pos}[{P}], bd_rb_ = (int64_t){pos}[{P} + 1];"]
-    a = ind + "    "
-    out = [f"{ind}{{", f"{ind}  {vt} bd_dots_[{R * (s.wmax + 4)}];  /* a row's dots at stride window + 4 */",
-           f"{ind}  const int64_t bd_nb_ = ({expr(s.loop.hi)} - {expr(s.loop.lo)}) / {R};",
-           f"{ind}  int64_t bd_b_ = 0, bd_miss_ = 0;", f"{ind}  for (;;) {{",
-           f"{a}if (bd_b_ >= bd_nb_ || bd_miss_ >= {MISSES}) break;",
-           f"{a}const int64_t bd_i0_ = {expr(s.loop.lo)} + bd_b_ * {R};",
-           f"{a}int64_t bd_a_ = 0, bd_e_ = 0;"]
-    out += row_scope("bd_i0_", [f"bd_a_ = (int64_t){pos}[{P}];"], a)
-    out += row_scope(f"bd_i0_ + {R - 1}", [f"bd_e_ = (int64_t){pos}[{P} + 1];"], a)
-    out += [f"{a}int64_t bd_lo_ = {expr(s.ncols)}, bd_hi_ = -1, bd_n_ = 0, bd_w_ = 0, bd_dense_ = 0;",
-            f"{a}if (bd_a_ < bd_e_ && ((int64_t){crd}[bd_e_ - 1] - (int64_t){crd}[bd_a_] + 1) * {R} "
-            f"<= 2 * (bd_e_ - bd_a_)) {{"]
-    out += rows_loop(ends + ["if (bd_ra_ < bd_rb_) {",
-                             f"  bd_lo_ = SCORCH_MIN(bd_lo_, (int64_t){crd}[bd_ra_]);",
-                             f"  bd_hi_ = SCORCH_MAX(bd_hi_, (int64_t){crd}[bd_rb_ - 1]);",
-                             "  bd_n_ += bd_rb_ - bd_ra_;", "}"], a + "  ")
-    out += [f"{a}  bd_w_ = bd_hi_ - bd_lo_ + 1;",
-            f"{a}  bd_dense_ = bd_hi_ >= 0 && bd_w_ <= {s.wmax} && bd_w_ * {R} <= 2 * bd_n_;", f"{a}}}",
-            f"{a}if (bd_dense_) {{"]
-    dots = [f"for (int64_t bd_c_ = 0; bd_c_ < bd_w_; bd_c_ += 4) {{",
+    P = expr(s.parent)
+    dots = [f"for (int64_t bd_c_ = 0; bd_c_ < {w}; bd_c_ += 4) {{",
             f"  {vec} bd_p_[{R}][4];",
             "  #pragma GCC unroll 4", "  for (int bd_u_ = 0; bd_u_ < 4; bd_u_++) {",
             "    /* past the window's end: its last column again (written past the row's window, never read) */",
-            f"    const int64_t {j} = bd_lo_ + SCORCH_MIN(bd_c_ + bd_u_, bd_w_ - 1);",
+            f"    const int64_t {j} = {lo} + SCORCH_MIN(bd_c_ + bd_u_, {w} - 1);",
             f"    const {vt} *bd_k_ = {s.col[0]} + {expr(s.col[1])};",
             f"    #pragma GCC unroll {R}", f"    for (int bd_r_ = 0; bd_r_ < {R}; bd_r_++) {{",
-            f"      const int64_t {i} = bd_i0_ + bd_r_;",
+            f"      const int64_t {i} = {i0} + bd_r_;",
             f"      const {vt} *bd_v_ = {s.row[0]} + {expr(s.row[1])};",
             f"      {vec} bd_t_ = (*({vec} *)bd_v_) * (*({vec} *)bd_k_);",
             f"      #pragma GCC unroll {s.nvec}",
@@ -489,16 +458,13 @@ def block_dots(s: BlockDots, ind: str) -> list[str]:
             "      bd_p_[bd_r_][bd_u_] = bd_t_;", "    }", "  }",
             f"  #pragma GCC unroll {R}", f"  for (int bd_r_ = 0; bd_r_ < {R}; bd_r_++)",
             f"    scorch_hsum4_{vt}(bd_p_[bd_r_][0], bd_p_[bd_r_][1], bd_p_[bd_r_][2], bd_p_[bd_r_][3], "
-            "bd_dots_ + bd_r_ * (bd_w_ + 4) + bd_c_);", "}"]
-    out += [f"{a}  {d}" for d in dots]
-    out += rows_loop(ends + [f"const {vt} *bd_row_ = bd_dots_ + ({i} - bd_i0_) * (bd_w_ + 4) - bd_lo_;",
-                             f"for (int64_t bd_q_ = bd_ra_; bd_q_ < bd_rb_; bd_q_++) "
-                             f"{s.out}[bd_q_] = {s.scale}[bd_q_] * bd_row_[(int64_t){crd}[bd_q_]];"], a + "  ")
-    out += [f"{a}  bd_miss_ = 0;", f"{a}}} else {{"]
-    out += stmt(For(i, Var("bd_i0_"), Var("bd_i0_") + Const(R), s.loop.body), a + "  ")
-    out += [f"{a}  bd_miss_++;", f"{a}}}", f"{a}bd_b_++;", f"{ind}  }}"]
-    out += stmt(For(i, s.loop.lo + Var("bd_b_") * Const(R), s.loop.hi, s.loop.body), ind + "  ")
-    return out + [f"{ind}}}"]
+            f"{s.dots} + bd_r_ * ({w} + 4) + bd_c_);", "}",
+            f"for (int64_t {i} = {i0}; {i} < {i0} + {R}; {i}++) {{"]
+    dots += [f"  {line}" for d in s.head for line in stmt(d, "")]
+    dots += [f"  const {vt} *bd_row_ = {s.dots} + ({i} - {i0}) * ({w} + 4) - {lo};",
+             f"  for (int64_t bd_q_ = (int64_t){s.pos}[{P}]; bd_q_ < (int64_t){s.pos}[{P} + 1]; bd_q_++)",
+             f"    {s.out}[bd_q_] = {s.scale}[bd_q_] * bd_row_[(int64_t){s.crd}[bd_q_]];", "}"]
+    return [f"{ind}{d}" for d in dots]
 
 
 def _term(nfactors: int, m: str):

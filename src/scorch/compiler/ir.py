@@ -273,16 +273,16 @@ class SampledDots(Stmt):
 
 @dataclass(frozen=True)
 class BlockDots(Stmt):
-    """An SDDMM's rows ``loop.lo .. loop.hi-1`` (``loop``: the row-wise loop, kept for the rest),
-    ``factor`` rows at a time: a block whose stored columns span a window at most twice its
-    entries (and at most ``wmax`` wide) gets the dot products of every (row, window column) pair
-    -- each loaded row of the column factor shared by the block's rows, four dots per
-    horizontal sum -- and its stored entries read off through a window-sized map of their
-    positions; other blocks, and the last rows, run ``loop``.  ``head``: the row body's
-    position declarations; ``parent``: the row's position in ``pos``; ``row`` / ``col``:
-    ``(array, offset)`` of the factors' vectors at ``k = 0`` (offsets over the row variable and
-    ``col_var``); ``scale``: the sparse operand's values array."""
-    loop: For
+    """The dense part of an SDDMM row block (:func:`~scorch.compiler.blocks.row_blocks` binds
+    the block's first row ``blk_i0_``, window start ``blk_lo_`` and width ``blk_w_``): the
+    dot products of every (row, window column) pair -- each loaded row of the column factor
+    shared by the block's ``factor`` rows, four dots per horizontal sum -- into the workspace
+    ``dots`` (a row at stride ``blk_w_ + 4``), then each stored entry read off from there:
+    ``out[q] = scale[q] * dot``.  ``row_var``, ``head``, ``parent``: the row variable, the row
+    body's position declarations and the row's position in ``pos``; ``row`` / ``col``:
+    ``(array, offset)`` of the factors' vectors at ``k = 0`` (offsets over ``row_var`` and
+    ``col_var``)."""
+    row_var: str
     head: tuple
     pos: str
     crd: str
@@ -290,18 +290,17 @@ class BlockDots(Stmt):
     row: tuple
     col: tuple
     col_var: str
-    ncols: Expr
     scale: str
     out: str
+    dots: str
     nvec: int
     lanes: int
     vtype: str
     factor: int
-    wmax: int
 
     def __str__(self):
-        return (f"block dots of {self.pos}, {self.factor} rows at a time: {self.out}[q] = {self.scale}[q] * "
-                f"{self.row[0]}[row] . {self.col[0]}[col]\nelse:\n" + _indent(str(self.loop)))
+        return (f"block dots, {self.factor} rows: {self.out}[q] = {self.scale}[q] * "
+                f"{self.row[0]}[row] . {self.col[0]}[col] over the window")
 
 
 @dataclass(frozen=True)

@@ -36,14 +36,15 @@ from __future__ import annotations
 
 from .ir import (Addr, Assign, Bin, Block, BlockDots, Break, Call, Cast, Const, Decl, Eval, For, Forever, If, Kernel,
                  Param, Parallel, SampledDots, Scope, SegmentedRows, Var, Vec, VecZero)
-from .blocks import dense_blocks
+from .blocks import Rows, dense_blocks, row_blocks
 from .jam import jam_rows
 from .lattice import lattice, needs_every_coordinate
 from .notation import Access, Neg, Op, Zero, accesses
 from .schedule import Schedule
 
 _C = Var
-_BLOCK_ROWS = 6  # rows per SDDMM block (BlockDots)
+_BLOCK_ROWS = 6      # rows per SDDMM block (BlockDots)
+_BLOCK_WINDOW = 2048  # widest column window a block runs densely
 
 
 class _State:
@@ -221,7 +222,7 @@ class _Lowerer:
         factor = self._block_factor()
         if factor > 1:
             body, blocked = _rewrite_row_loop(body, s.loop_order[self.ws[1]],
-                                              lambda loop: dense_blocks(loop, factor, self.vtype))
+                                              lambda loop: dense_blocks(loop, factor, self.vtype, _BLOCK_WINDOW))
             if blocked:
                 notes += (f"rows {factor} at a time through a dense workspace where their columns span a window "
                           "at most twice their entries (banded or blocked patterns: each loaded row of the dense "
@@ -301,9 +302,13 @@ class _Lowerer:
                 if not (isinstance(st, Decl) and st.ctype == "int64_t" and st.name.startswith(f"q{t}_")):
                     break
                 head.append(st)
-            return [BlockDots(loop, tuple(head), f"pos{t}_{n - 1}", f"crd{t}_{n - 1}", _C(f"q{t}_{n - 2}"), row, col,
-                              j, _C(f"n_{j}"), f"vals{t}", "outp", self.static[k] // self.lanes, self.lanes,
-                              self.vtype, _BLOCK_ROWS, 2048)]
+            parent, pos, crd = _C(f"q{t}_{n - 2}"), _C(f"pos{t}_{n - 1}"), _C(f"crd{t}_{n - 1}")
+            rows = Rows(tuple(head), Cast("int64_t", pos[parent]), Cast("int64_t", pos[parent + Const(1)]),
+                        lambda e: Cast("int64_t", crd[e]), _C(f"n_{j}"))
+            dots = BlockDots(loop.var, tuple(head), pos.name, crd.name, parent, row, col, j, f"vals{t}", "outp",
+                             "bd_dots_", self.static[k] // self.lanes, self.lanes, self.vtype, _BLOCK_ROWS)
+            workspace = Decl(self.vtype, f"bd_dots_[{_BLOCK_ROWS * (_BLOCK_WINDOW + 4)}]")
+            return row_blocks(loop, _BLOCK_ROWS, rows, (dots,), (workspace,), _BLOCK_WINDOW)
         return build
 
     def _block_factor(self) -> int:
