@@ -3,8 +3,8 @@
 scorch's layers (GCN, GraphSAGE, GAT, attention) spend much of a forward pass in dense
 linear maps.  The compiler lowers that einsum like any other -- output rows split across
 threads, each row in vector registers, rows register-blocked by :mod:`scorch.compiler.jam`
--- and on some machines the result is faster than torch's BLAS (MKL runs its AVX2 code on
-AMD CPUs with AVX-512, for one).  Whether it is, is measured per shape the first time the
+-- and on some machines the result is faster than torch's BLAS (on the AMD CPU with AVX-512
+this was measured on, MKL's sgemm runs at what 256-bit FMAs allow: 2.4-4.8x slower).  Whether it is, is measured per shape the first time the
 shape comes up in the process, against torch's own call, and the faster one runs from then
 on.  ``scorch.config.dense_kernels`` forces either (``"torch"``, ``"compiled"``).
 
