@@ -120,3 +120,24 @@ def test_fill_writes_the_results_index_type(monkeypatch, limit, want):
     DB = random_csr(30, 60, [1, 4, 60], seed=6)
     C = check_product(DA, DB)
     assert C.pos(1).dtype == want and C.crd(1).dtype == want
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_spgemm_rows_read_off_the_bitset_and_the_sorted_list_alternately(dtype):
+    """Rows of many products (their columns read off the bitset, set without a branch) next to
+    rows of one or two (listed and sorted), in one product: the workspace each leaves behind
+    must be clean for the next (oracle: the dense product)."""
+    g = torch.Generator().manual_seed(3)
+    n, m = 64, 9000                       # 141 bitset words: a row needs >= 9 entries to be read off them
+    A = torch.zeros(n, 40, dtype=dtype)
+    B = torch.zeros(40, m, dtype=dtype)
+    for r in range(n):
+        k = 30 if r % 3 else 1            # long rows and single-product rows interleaved
+        A[r, torch.randperm(40, generator=g)[:k]] = torch.rand(k, generator=g, dtype=dtype) + 0.5
+    for r in range(40):
+        cols = torch.randint(0, m, (8,), generator=g)
+        B[r, cols] = torch.rand(8, generator=g, dtype=dtype) - 0.5
+    got = scorch.einsum("ij,jk->ik", scorch.as_sparse(A, "csr"), scorch.as_sparse(B, "csr"))
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(got.to_dense(), A @ B, atol=tol, rtol=tol)
+    assert got.nnz == int((A @ B != 0).sum())

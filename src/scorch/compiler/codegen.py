@@ -82,14 +82,15 @@ static inline int64_t scorch_sort(int64_t *a, int64_t n) {
   return n;
 }
 
-/* The assembled row of a sparse result, ascending: lst[0..len) its distinct columns (set in
-   bits too), wsp[column] their values; writes crd[0..len) (of index type I), val[0..len) and
-   clears the bits.
-   A row whose bitset has at most 16 words per entry is read off the bitset (a word scan and
-   a count-trailing-zeros per entry: no comparisons to mispredict); a sparser one is sorted. */
+/* The assembled row of a sparse result, ascending: len distinct columns (the count pass's),
+   wsp[column] their values.  A row whose bitset has at most 16 words per entry is read off
+   the bitset (set by the fill: a word scan and a count-trailing-zeros per entry, no
+   comparisons to mispredict); a sparser one from lst[0..len), its columns as listed, sorted.
+   Writes crd[0..len) (of index type I) and val[0..len), and leaves the workspace as it found
+   it: the bits it read cleared, the values it read zeroed. */
 #define SCORCH_ROW_OUT(T, I)                                                                     \\
 static inline void scorch_row_out_##T##_##I(int64_t *lst, int64_t len, uint64_t *bits,               \\
-                                            int64_t words, const T *wsp, I *crd, T *val) {           \\
+                                            int64_t words, T *wsp, I *crd, T *val) {                 \\
   if (words <= 16 * len) {                                                                        \\
     int64_t e = 0;                                                                                \\
     for (int64_t w = 0; w < words; w++) {                                                         \\
@@ -97,13 +98,14 @@ static inline void scorch_row_out_##T##_##I(int64_t *lst, int64_t len, uint64_t 
       if (!b) continue;                                                                           \\
       bits[w] = 0;                                                                                \\
       while (b && e < len) {  /* e < len: never past the row, whatever the bits hold */          \\
-        const int64_t k = w * 64 + __builtin_ctzll(b); crd[e] = (I)k; val[e] = wsp[k]; e++; b &= b - 1; \\
+        const int64_t k = w * 64 + __builtin_ctzll(b);                                            \\
+        crd[e] = (I)k; val[e] = wsp[k]; wsp[k] = 0; e++; b &= b - 1;                              \\
       }                                                                                           \\
     }                                                                                             \\
   } else {                                                                                        \\
     scorch_sort(lst, len);                                                                        \\
     for (int64_t e = 0; e < len; e++) {                                                           \\
-      const int64_t k = lst[e]; crd[e] = (I)k; val[e] = wsp[k]; bits[k >> 6] = 0;                \\
+      const int64_t k = lst[e]; crd[e] = (I)k; val[e] = wsp[k]; wsp[k] = 0;                      \\
     }                                                                                             \\
   }                                                                                               \\
 }

@@ -586,7 +586,7 @@ def _assemble(plan, ops, size, cdtype, nthreads, out_shape):
     vals = torch.empty(nnz, dtype=cdtype)
     _call(plan, plan.kernels[2 if idx == torch.int32 else 1], ops, size, cdtype,
           {"nthreads": nthreads, "rowpos": rowpos, "marks": marks, "list": torch.empty_like(marks),
-           "ws": torch.empty(max(nthreads * width, 1), dtype=cdtype),
+           "ws": torch.zeros(max(nthreads * width, 1), dtype=cdtype),   # kept zero between rows
            "bits": torch.zeros(max(nthreads * ((width + 63) // 64), 1), dtype=torch.int64),
            "out_crd": crd, "out": vals})
     fmt = preset("csr", len(out_shape))

@@ -790,18 +790,26 @@ class _Lowerer:
             return [Assign(_C("out_crd")[at], c), Assign(_C("out")[at], val), Assign(_C("len"), Const(1), "+=")]
         first = Bin("!=", _C("mark")[c], _C("row"))
         if self.phase == "count":
-            return [If(first, Block((Assign(_C("mark")[c], _C("row")), Assign(_C("cnt"), Const(1), "+="))))]
+            # branch-free: whether a column is new to the row is a coin toss for the predictor
+            return [Assign(_C("cnt"), first, "+="), Assign(_C("mark")[c], _C("row"))]
+        # The workspace is all zeros between rows (each row's read-off clears what it read).
+        # A row whose bitset the read-off will scan (``dense_``, from its count) only sets
+        # bits, without a branch; a sparser one lists its columns for the sort.
         one = Bin("<<", Cast("uint64_t", Const(1)), Bin("&", c, Const(63)))
-        return [If(first, Block((Assign(_C("mark")[c], _C("row")), Assign(_C("lst")[_C("len")], c),
-                                 Assign(_C("len"), Const(1), "+="), Assign(_C("wsp")[c], Const(0.0)),
-                                 Assign(_C("bit")[Bin(">>", c, Const(6))], one, "|=")))),
+        listed = If(first, Block((Assign(_C("mark")[c], _C("row")), Assign(_C("lst")[_C("len")], c),
+                                  Assign(_C("len"), Const(1), "+="))))
+        return [If(_C("dense_"), Block((Assign(_C("bit")[Bin(">>", c, Const(6))], one, "|="),)), Block((listed,))),
                 Assign(_C("wsp")[c], val, "+=")]
 
     def row_start(self, st):
         if self.phase == "compute":
             return []
         row = [Decl("int64_t", "row", self.linear(self.rows))]
-        return row + [Decl("int64_t", "cnt" if self.phase == "count" else "len", Const(0))]
+        if self.phase == "count" or self.in_order:
+            return row + [Decl("int64_t", "cnt" if self.phase == "count" else "len", Const(0))]
+        known = _C("rowpos")[_C("row") + Const(1)] - _C("rowpos")[_C("row")]
+        return row + [Decl("int64_t", "len", Const(0)), Decl("const int64_t", "known_", known),
+                      Decl("const int", "dense_", Bin("<=", _C("nwords"), Const(16) * _C("known_")))]
 
     def row_end(self, st):
         if self.phase == "count":
@@ -809,7 +817,7 @@ class _Lowerer:
         if self.phase != "fill" or self.in_order:
             return []
         base = _C("rowpos")[_C("row")]
-        args = (_C("lst"), _C("len"), _C("bit"), _C("nwords"), _C("wsp"),
+        args = (_C("lst"), _C("known_"), _C("bit"), _C("nwords"), _C("wsp"),
                 Addr(_C("out_crd"), base), Addr(_C("out"), base))
         return [Eval(Call(f"scorch_row_out_{self.vtype}_{self.out_index}", args))]
 
