@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .blocks import FIRST_ROW, WINDOW, WINDOW_LO
 from .ir import (Addr, Assign, Bin, Block, BlockDots, Break, Call, Cast, Const, Decl, Eval, For, Forever, If, Kernel,
                  Load, Parallel, SampledDots, Scope, SegmentedRows, Var, Vec, VecZero)
 
@@ -440,7 +441,7 @@ def block_dots(s: BlockDots, ind: str) -> list[str]:
     """The dense part of an SDDMM row block (:class:`BlockDots`; generic vectors, any width):
     the window's dot products, four per ``scorch_hsum4``, into the workspace; then the block's
     stored entries read off from it."""
-    from .blocks import FIRST_ROW as i0, WINDOW as w, WINDOW_LO as lo
+    i0, w, lo = FIRST_ROW, WINDOW, WINDOW_LO
     vt, R, i, j = s.vtype, s.factor, s.row_var, s.col_var
     vec = f"scorch_vec_{vt}"
     P = expr(s.parent)

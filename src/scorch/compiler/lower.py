@@ -76,10 +76,6 @@ class _Lowerer:
         self.acc_once = (phase == "compute" and s.output[0] == "dense" and s.parallel != "buffers"
                          and not s.row_workspace and 0 <= last_out < len(order) - 1 and last_out + 1 == len(out)
                          and all(self._dense_output_loop(v) for v in order[:last_out + 1]))
-        # The same for an output in an operand's pattern when that operand alone is walked, its
-        # levels outermost and in order, the reductions inside (SDDMM): every stored entry is
-        # visited once, its accumulator assigned, and the values need no zero-fill.
-        self.pattern_once = self._pattern_once()
         self.lanes = vbytes // (4 if vtype == "float" else 8)
         self.vec = bool(self.ws) and self._vectorisable(self.ws[0])
         # Long rows are tiled: 256 bytes of the row at a time (4 AVX-512 vectors, 8 narrower
@@ -97,6 +93,10 @@ class _Lowerer:
         # accumulator instead of 0 where each output element is written once from one.
         self.n_init = n_init if n_init and ((self.ws and self.assign_once) or self.acc_once) else 0
         self.used = {a.operand for a in accesses(s.expr)}
+        # The same for an output in an operand's pattern when that operand alone is walked, its
+        # levels outermost and in order, the reductions inside (SDDMM): every stored entry is
+        # visited once, its accumulator assigned, and the values need no zero-fill.
+        self.pattern_once = self._pattern_once()
         self.rows = tuple(self.ein.output[:-1]) if s.output[0] == "assemble" else ()
         # Elementwise results (A + B, A * B): the loops are exactly the output indices in order, so
         # each row's coordinates arrive sorted and once each: append them, no workspace or sort.
@@ -159,7 +159,8 @@ class _Lowerer:
         width (at most 1 KiB, or any whole number of 256-byte column tiles), the expression
         is + - * /, and every operand indexed by ``k`` has it as its unit-stride last dim."""
         n = self.static[k]
-        if n % self.lanes or n == 0 or (n * self.vbytes // self.lanes > 1024 and n * self.vbytes // self.lanes % 256):
+        size = n * (self.vbytes // self.lanes)   # bytes of the row
+        if n % self.lanes or n == 0 or (size > 1024 and size % 256):
             return False
 
         def ok(e):
@@ -250,6 +251,10 @@ class _Lowerer:
         if not (self.phase == "compute" and self.vec and self.ws[1] == 0 and s.output[0] == "dense"
                 and s.parallel == "rows"):
             return 1
+        return self._rows_in_registers()
+
+    def _rows_in_registers(self) -> int:
+        """Rows whose vector accumulators fill about 24 of the 32 vector registers (8 at most)."""
         return max(1, min(8, 24 // self.nvec))
 
     def _pattern_once(self) -> bool:
@@ -258,8 +263,7 @@ class _Lowerer:
             return False
         t = s.output[1]
         op = s.operands[t]
-        used = {a.operand for a in accesses(s.expr)}
-        if any(s.operands[u].sparse for u in used if u != t) or op.fmt.block \
+        if any(s.operands[u].sparse for u in self.used if u != t) or op.fmt.block \
                 or any(lv.kind == "padded" for lv in op.fmt.levels):
             return False
         n = len(op.fmt.levels)
@@ -326,7 +330,7 @@ class _Lowerer:
         op, d = s.operands[sparse[0]], self.ws[1]
         if not _csr_like(op) or len(s.loop_order) != d + 3 or s.loop_order[d + 1] != op.level_vars()[-1]:
             return 1
-        return max(1, min(8, 24 // self.nvec))
+        return self._rows_in_registers()
 
     def _segmented(self):
         """``{operand: load kind}`` when the loop nest is a row-wise sum over one CSR level
