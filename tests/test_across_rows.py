@@ -1,8 +1,8 @@
 """Kernels that step over a CSR level's entries across row ends (AVX-512 builds).
 
-SpMV and row sums (``SegmentedRows``: a segmented scan over 32 entries per step) and SDDMM
-(``SampledDots``: sixteen entries per step, each lane's row found by a vector binary
-search).  Oracles are written out entry by entry in plain torch, in float64 (``index_add_``
+SpMV and row sums (``SegmentedRows``: a segmented scan over 32 entries per chunk) and SDDMM
+(``SampledDots``: sixteen entries per step); both read each entry's row from the pattern's
+entry rows.  Oracles are written out entry by entry in plain torch, in float64 (``index_add_``
 of ``vals * x[col]`` into the rows: unlike ``dense @ x`` it keeps a row's inf in that row;
 ``vals * (Q[row] * K[col]).sum(1)``), independent of the kernels' steps."""
 
@@ -49,7 +49,7 @@ def spmv(T, x):
 def test_spmv_plan_uses_the_segmented_scan():
     T = csr([3, 0, 40, 1])
     plan = scorch.explain("ij,j->i", scorch.as_sparse(T), torch.randn(128))
-    assert "scorch_seg_step" in plan.source and "#else" in plan.source  # row-wise loop kept for other targets
+    assert "scorch_seg_chunk" in plan.source and "#else" in plan.source  # row-wise loop kept for other targets
     assert any("segmented scan" in n for n in plan.notes)
 
 
@@ -99,12 +99,29 @@ def test_rows_never_mix_inf_and_magnitudes():
     torch.testing.assert_close(got[1:].double(), oracle(T, x)[1:], rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_lanes_past_a_threads_rows_do_not_leak(nthreads, monkeypatch):
+    # 6 rows of 10: with two threads, thread 0 takes rows 0-2 (entries 0-29) and its first
+    # 32-entry chunk also reads entries 30, 31 of row 3, whose columns hold inf in x: those
+    # lanes must reach neither thread 0's rows nor thread 1's
+    monkeypatch.setattr(build, "threads_for", lambda work: nthreads)
+    crow = torch.arange(0, 61, 10, dtype=torch.int32)
+    col = torch.cat([torch.arange(10)] * 3 + [torch.arange(10, 20)] * 3).to(torch.int32)
+    vals = torch.rand(60, generator=torch.Generator().manual_seed(1)) + 0.5
+    T = torch.sparse_csr_tensor(crow, col, vals, (6, 20), check_invariants=True)
+    x = torch.randn(20, generator=torch.Generator().manual_seed(2))
+    x[10:] = float("inf")
+    got = spmv(T, x)
+    assert torch.isfinite(got[:3]).all() and (got[3:] == float("inf")).all()
+    torch.testing.assert_close(got[:3].double(), oracle(T, x)[:3], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("eq, nvec", [("ij->i", 0), ("ij,j,j->i", 2)])
 def test_row_sums_and_two_gathers(eq, nvec):
     T = csr([0, 7, 33, 1, 1, 0, 64, 2] * 5, seed=3)
     xs = [torch.randn(128) for _ in range(nvec)]
     plan = scorch.explain(eq, scorch.as_sparse(T), *xs)
-    assert "scorch_seg_step" in plan.source
+    assert "scorch_seg_chunk" in plan.source
     got = scorch.einsum(eq, scorch.as_sparse(T), *xs)
     torch.testing.assert_close(got.double(), oracle(T, *xs), atol=1e-5, rtol=1e-5)
 
@@ -118,7 +135,7 @@ def test_other_types_keep_the_row_wise_loop(dtype, index):
         A = scorch.SparseTensor(A._format, A._shape, wide(A._pos), wide(A._crd), A._values, nnz=A._nnz)
     assert A._crd[1].dtype == index
     x = torch.randn(128, dtype=dtype)
-    assert "scorch_seg_step" not in scorch.explain("ij,j->i", A, x).source
+    assert "scorch_seg_chunk" not in scorch.explain("ij,j->i", A, x).source
     torch.testing.assert_close(scorch.einsum("ij,j->i", A, x).double(), oracle(T, x), atol=1e-5, rtol=1e-5)
 
 
@@ -126,7 +143,7 @@ def test_strided_vector_and_bias_keep_the_row_wise_loop():
     T = csr([3, 0, 40, 1, 17], seed=4)
     A = scorch.as_sparse(T)
     x = torch.randn(256)[::2]          # not unit stride: no gather by coordinate alone
-    assert "scorch_seg_step" not in scorch.explain("ij,j->i", A, x).source
+    assert "scorch_seg_chunk" not in scorch.explain("ij,j->i", A, x).source
     torch.testing.assert_close(scorch.einsum("ij,j->i", A, x).double(), oracle(T, x), atol=1e-5, rtol=1e-5)
 
 
@@ -222,20 +239,29 @@ def test_row_wise_paths_without_avx512(without_avx512):
 
 
 def test_entry_parents_are_the_rows_and_live_with_the_pattern():
-    """SampledDots reads each entry's row from convert.entry_parents: the row coordinates of
-    the stored entries (oracle: the dense tensor's nonzero rows), one array per pos tensor,
-    released with it."""
+    """SampledDots and SegmentedRows read each entry's row from convert.entry_parents, and
+    SegmentedRows each row's first entry from convert.entry_heads: the row coordinates of
+    the stored entries and the bits where they change (oracle: the dense tensor's nonzero
+    rows), one array each per pos tensor, released with it."""
     import gc
 
     from scorch import convert
-    T = csr([3, 0, 0, 5, 1, 0, 2], seed=9)
+    T = csr([3, 0, 0, 5, 1, 0, 2, 0] + [1] * 9, seed=9)
     A = scorch.as_sparse(T)
     rows = convert.entry_parents(A._pos[1])
-    assert rows.dtype == A._pos[1].dtype
-    assert torch.equal(rows.long(), T.to_dense().nonzero()[:, 0])
+    heads = convert.entry_heads(A._pos[1])
+    want = T.to_dense().nonzero()[:, 0]
+    assert rows.dtype == A._pos[1].dtype and heads.dtype == torch.uint8
+    assert torch.equal(rows.long(), want)
+    bits = ((heads.long()[:, None] >> torch.arange(8)) & 1).flatten().bool()
+    first = torch.ones(want.numel(), dtype=torch.bool)
+    first[1:] = want[1:] != want[:-1]
+    assert bits.numel() >= want.numel() + 64 and torch.equal(bits[:want.numel()], first)
+    assert not bits[want.numel():].any()                                   # zero past the last entry
     assert convert.entry_parents(A._pos[1]) is rows                       # computed once
+    assert convert.entry_heads(A._pos[1]) is heads
     assert convert.entry_parents(A.with_values(A.values() * 2)._pos[1]) is rows   # same pattern, same array
     key = id(A._pos[1])
-    del A, rows
+    del A, rows, heads
     gc.collect()
-    assert key not in convert._PARENTS
+    assert not any(k[0] == key for k in convert._PARENTS)

@@ -45,23 +45,47 @@ def _counts_to_pos(parents: torch.Tensor, npos: int) -> torch.Tensor:
 
 # --------------------------------------------------------------- parents of stored entries
 
-_PARENTS: dict = {}  # id(pos) -> (weakref to pos, parent of each entry)
+_PARENTS: dict = {}  # (id(pos), what) -> (weakref to pos, derived array)
+
+
+def _derived(pos: torch.Tensor, what: str, make):
+    """``make(pos)``, computed once per ``pos`` tensor and kept while it lives: a pattern's
+    ``pos`` is shared by every tensor with that pattern (an SDDMM's result, the softmax of
+    it, ...) and never changes."""
+    key = (id(pos), what)
+    hit = _PARENTS.get(key)
+    if hit is not None and hit[0]() is pos:
+        return hit[1]
+    value = make(pos)
+    _PARENTS[key] = (weakref.ref(pos, lambda _, key=key: _PARENTS.pop(key, None)), value)
+    return value
+
+
+def _parents(pos):
+    lengths = (pos[1:] - pos[:-1]).to(_I64)
+    return torch.repeat_interleave(torch.arange(pos.numel() - 1, dtype=pos.dtype), lengths, output_size=int(pos[-1]))
+
+
+def _heads(pos):
+    nnz = int(pos[-1])
+    starts = torch.zeros((nnz + 7) // 8 * 8 + 64, dtype=torch.bool)
+    starts[pos[:-1][pos[:-1] < nnz].to(_I64)] = True
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+    return (starts.view(-1, 8).to(torch.uint8) * weights).sum(1, dtype=torch.uint8)
 
 
 def entry_parents(pos: torch.Tensor) -> torch.Tensor:
     """The parent position of every entry of a compressed level, in ``pos``'s index type
-    (for CSR's column level: the row of each stored entry).  Computed once per ``pos``
-    tensor and kept while it lives: a pattern's ``pos`` is shared by every tensor with that
-    pattern (an SDDMM's result, the softmax of it, ...) and never changes."""
-    hit = _PARENTS.get(id(pos))
-    if hit is not None and hit[0]() is pos:
-        return hit[1]
-    n = pos.numel() - 1
-    lengths = (pos[1:] - pos[:-1]).to(_I64)
-    parents = torch.repeat_interleave(torch.arange(n, dtype=pos.dtype), lengths, output_size=int(pos[-1]))
-    key = id(pos)
-    _PARENTS[key] = (weakref.ref(pos, lambda _, key=key: _PARENTS.pop(key, None)), parents)
-    return parents
+    (for CSR's column level: the row of each stored entry); kept while ``pos`` lives."""
+    return _derived(pos, "parents", _parents)
+
+
+def entry_heads(pos: torch.Tensor) -> torch.Tensor:
+    """Bit ``q % 8`` of byte ``q // 8`` set when entry ``q`` of a compressed level is its
+    parent's first (a CSR row's first stored entry), as uint8, with 8 zero bytes past the
+    last entry's byte (an 8-byte read at any entry's byte stays inside); kept while ``pos``
+    lives."""
+    return _derived(pos, "heads", _heads)
 
 
 # --------------------------------------------------------------- storage -> coordinates

@@ -226,23 +226,36 @@ AVX512_PRELUDE = """\
 #if defined(__AVX512F__)
 #include <immintrin.h>
 /* Row sums of a CSR level over 32 stored entries (two vectors) at a time, whatever the row
-   lengths (the SegmentedRows statement).  Rows lo..hi-1.  State: r the first unfinished
-   row, q0 the step's first entry, carry row r's sum over earlier steps (lane 0), lprev the
-   lane of the last entry of the row before r when that row ended in this step, else -1.
-   A step: l[k] = lane of row r+k's last entry (k < 16); a segmented inclusive scan (heads
-   at lane 0 and after every row end, so rows never mix: no cancellation between rows, an
-   inf stays in its row) leaves each row's sum at its last lane; one two-vector permute and
-   one masked store write every row that ends in the step.  Sixteen rows ending in one step
-   (short or empty rows): the step is repeated for the next sixteen.  No branch depends on
-   the row lengths otherwise. */
-typedef struct { int64_t r, hi, q0, qend; __m512 carry; int32_t lprev; } scorch_seg;
-static inline scorch_seg scorch_seg_begin(const int32_t *pos, int64_t lo, int64_t hi) {
-  scorch_seg s = {lo, hi, pos[lo], pos[hi], _mm512_setzero_ps(), -1};
-  return s;
+   lengths (the SegmentedRows statement).  The chunks of a thread's entries are independent:
+   chunk q0's first row is par[q0] (the pattern's array of entry rows), its segment heads the
+   bits of the entries that start a row (a bit per entry), so no chunk waits for the rows the
+   chunk before it finished -- only the carry (the sum of the row still open at a chunk's end) runs
+   from chunk to chunk.  A segmented inclusive scan (rows never mix: no cancellation between
+   rows, an inf stays in its row) leaves each row's sum at its last lane; one two-vector
+   permute and one masked store write every row that ends in the chunk, empty rows 0.
+   Sixteen rows ending in one chunk (short or empty rows): the store is repeated for the next
+   sixteen.  No other branch depends on the row lengths. */
+static inline __mmask16 scorch_live16(int64_t left) {  /* lanes 0 .. left-1 of 16 */
+  left = left < 0 ? 0 : left > 16 ? 16 : left;
+  return (__mmask16)((1u << left) - 1u);
 }
-static inline __mmask16 scorch_seg_live(const scorch_seg *s, int half) {  /* lanes holding entries */
-  const int64_t left = s->qend - s->q0 - 16 * half;
-  return left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1u) : (__mmask16)0;
+/* x[c[0]], ..., x[c[15]]: index pairs read 8 bytes at a time, each element loaded into its
+   lane by vpinsrd (a 16-lane vgatherdps cost more here: ~20 cycles on AMD Zen 5).  The
+   caller guarantees c[0..15] are stored entries (every crd is checked against its size). */
+static inline __m128i scorch_gather4(const float *x, const int32_t *c) {
+  uint64_t u, v;
+  __builtin_memcpy(&u, c, 8); __builtin_memcpy(&v, c + 2, 8);
+  int32_t e0, e1, e2, e3;
+  __builtin_memcpy(&e0, x + (uint32_t)u, 4); __builtin_memcpy(&e1, x + (u >> 32), 4);
+  __builtin_memcpy(&e2, x + (uint32_t)v, 4); __builtin_memcpy(&e3, x + (v >> 32), 4);
+  __m128i a = _mm_cvtsi32_si128(e0);
+  a = _mm_insert_epi32(a, e1, 1); a = _mm_insert_epi32(a, e2, 2);
+  return _mm_insert_epi32(a, e3, 3);
+}
+static inline __m512 scorch_gather16(const float *x, const int32_t *c) {
+  const __m256i lo = _mm256_set_m128i(scorch_gather4(x, c + 4), scorch_gather4(x, c));
+  const __m256i hi = _mm256_set_m128i(scorch_gather4(x, c + 12), scorch_gather4(x, c + 8));
+  return _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
 }
 static inline __m512 scorch_seg_up(__m512 p, const int d) {  /* lane k <- lane k-d, zeros below */
   return _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(p), _mm512_setzero_si512(), 16 - d));
@@ -253,36 +266,43 @@ static inline __m512 scorch_seg_scan(__m512 p, __mmask16 f) {  /* f: segment hea
   p = _mm512_mask_add_ps(p, (__mmask16)~f, p, scorch_seg_up(p, 4)); f |= (__mmask16)(f << 4);
   return _mm512_mask_add_ps(p, (__mmask16)~f, p, scorch_seg_up(p, 8));
 }
-/* p0, p1: the values of entries q0 .. q0+31 (0 past qend). */
-static inline void scorch_seg_step(scorch_seg *s, __m512 p0, __m512 p1, const int32_t *pos, float *out) {
-  const int64_t rows = s->hi - s->r;
-  const __mmask16 mr = rows >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rows) - 1u);
-  const __m512i l = _mm512_sub_epi32(_mm512_maskz_loadu_epi32(mr, pos + s->r + 1),
-                                     _mm512_set1_epi32((int32_t)(s->q0 + 1)));
-  const __mmask16 ends = _mm512_mask_cmplt_epi32_mask(mr, l, _mm512_set1_epi32(32));
-  const __m512i lp = _mm512_alignr_epi32(l, _mm512_set1_epi32(s->lprev), 15);  /* lane k: l[k-1] */
-  const __m512i bit = _mm512_sllv_epi32(_mm512_set1_epi32(1), _mm512_add_epi32(l, _mm512_set1_epi32(1)));
-  const uint32_t heads = (uint32_t)_mm512_mask_reduce_or_epi32(ends, bit) | 1u
-                         | (uint32_t)(1ull << (s->lprev + 1));
-  const __mmask16 f1 = (__mmask16)(heads >> 16);
-  p0 = scorch_seg_scan(p0, (__mmask16)heads);
-  p1 = scorch_seg_scan(p1, f1);
+/* The chunk of entries q0 .. q0+31 of rows .. hi-1: p0, p1 their values, heads a bit per
+   entry (first of its row: convert.entry_heads), carry (lane 0) the sum of row par[q0]'s
+   entries before q0.  Stores out[r] for every row r < hi whose last entry lies in the chunk, and
+   returns the new carry. */
+static inline __m128 scorch_seg_chunk(__m512 p0, __m512 p1, const int32_t *par, const uint8_t *heads,
+                                      const int32_t *pos, int64_t q0, int64_t hi, float *out, __m128 carry) {
+  uint64_t w;  /* the heads of entries q0 .. q0+31 (and of whatever follows the thread's rows) */
+  __builtin_memcpy(&w, heads + (q0 >> 3), 8);
+  w >>= q0 & 7;
+  const __mmask16 h0 = (__mmask16)(w | 1u), h1 = (__mmask16)(w >> 16);
+  p0 = scorch_seg_scan(p0, h0);
+  p1 = scorch_seg_scan(p1, h1);
   /* the lanes of p1 before its first head continue p0's last segment */
-  p1 = _mm512_mask_add_ps(p1, (__mmask16)((f1 & -f1) - 1u), p1, _mm512_permutexvar_ps(_mm512_set1_epi32(15), p0));
-  __m512 y = _mm512_maskz_permutex2var_ps(_mm512_cmpneq_epi32_mask(l, lp), p0, l, p1);  /* empty rows: 0 */
-  y = _mm512_mask_add_ps(y, 1, y, s->carry);
-  _mm512_mask_storeu_ps(out + s->r, ends, y);
-  const int cnt = __builtin_popcount((unsigned)ends);
-  s->r += cnt;
-  const int32_t e = (int32_t)(pos[s->r] - s->q0 - 1);  /* lane of the last finished row's end */
-  const int32_t last = s->lprev + ((e - s->lprev) & -(int32_t)(cnt != 0));
-  if (cnt == 16) { s->lprev = last; s->carry = _mm512_setzero_ps(); return; }
-  /* row r (unfinished) keeps its carry if no row ended, and adds its entries after `last` */
-  const __mmask16 keep = (__mmask16)-(int32_t)(cnt == 0), more = (__mmask16)-(int32_t)(last < 31);
-  const __m512 c = _mm512_maskz_mov_ps(keep, s->carry);
-  s->carry = _mm512_mask_add_ps(c, more, c, _mm512_permutexvar_ps(_mm512_set1_epi32(15), p1));
-  s->lprev = -1;
-  s->q0 += 32;
+  p1 = _mm512_mask_add_ps(p1, (__mmask16)((h1 & -h1) - 1u), p1, _mm512_permutexvar_ps(_mm512_set1_epi32(15), p0));
+  const int64_t r0 = par[q0];
+  int64_t r = r0;
+  int32_t lprev = -1;  /* lane of the last entry of the row before r, when it ended in this chunk */
+  __m512 c0 = _mm512_castps128_ps512(carry);
+  for (;;) {
+    const __mmask16 mr = scorch_live16(hi - r);
+    const __m512i l = _mm512_sub_epi32(_mm512_maskz_loadu_epi32(mr, pos + r + 1),
+                                       _mm512_set1_epi32((int32_t)(q0 + 1)));  /* lane of row r+k's end */
+    const __mmask16 ends = _mm512_mask_cmplt_epi32_mask(mr, l, _mm512_set1_epi32(32));
+    const __m512i lp = _mm512_alignr_epi32(l, _mm512_set1_epi32(lprev), 15);  /* lane k: l[k-1] */
+    __m512 y = _mm512_maskz_permutex2var_ps(_mm512_cmpneq_epi32_mask(l, lp), p0, l, p1);  /* empty rows: 0 */
+    y = _mm512_mask_add_ps(y, 1, y, c0);
+    _mm512_mask_storeu_ps(out + r, ends, y);
+    const int cnt = __builtin_popcount((unsigned)ends);
+    r += cnt;
+    if (cnt < 16) break;
+    lprev = (int32_t)(pos[r] - q0 - 1);
+    c0 = _mm512_setzero_ps();
+  }
+  /* the open row keeps its carry if no row ended, and adds the lanes after the last end */
+  const __mmask8 keep = (__mmask8)-(int)(r == r0), more = (__mmask8)-(int)(pos[r] - q0 - 1 < 31);
+  const __m128 c = _mm_maskz_mov_ps(keep, carry);
+  return _mm_mask_add_ps(c, more, c, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set1_epi32(15), p1)));
 }
 static inline __m512 scorch_pairsum(__m512 a, __m512 b, __m512i lo, __m512i hi) {
   return _mm512_add_ps(_mm512_permutex2var_ps(a, lo, b), _mm512_permutex2var_ps(a, hi, b));
@@ -369,22 +389,31 @@ def stmt(s, ind: str) -> list[str]:
 
 
 def segmented_rows(s: SegmentedRows, ind: str) -> list[str]:
-    """The AVX-512 step loop (``scorch_seg_*`` in AVX512_PRELUDE), the row-wise loop elsewhere."""
-    body = [f"{ind}    __m512 p0_, p1_;"]
+    """The AVX-512 chunk loop (``scorch_seg_chunk`` in AVX512_PRELUDE), the row-wise loop elsewhere.
+    A chunk wholly inside the coordinate array gathers with ``scorch_gather16`` (it reads all
+    sixteen indices), the array's last partial chunk with a masked vgatherdps.  Lanes past the
+    thread's last entry come after every row end the chunk stores (the scan only carries
+    forward), so whatever they hold reaches only the carry, unused after the last chunk."""
+    i2 = ind + "      "
+    body = [f"{ind}    __m512 p0_, p1_;", f"{ind}    const int full_ = q0_ + 32 <= {s.ncrd};",
+            f"{ind}    const __mmask16 m0_ = scorch_live16(qend_ - q0_), m1_ = scorch_live16(qend_ - q0_ - 16);"]
     for h in (0, 1):
-        half = [f"const __mmask16 live_ = scorch_seg_live(&sg_, {h});", f"const int64_t q_ = sg_.q0 + {16 * h};"]
-        if any(kind == "gather" for _, kind, _ in s.loads):
-            half.append(f"const __m512i sj_ = _mm512_maskz_loadu_epi32(live_, {s.crd} + q_);")
+        half = [f"const int64_t q_ = q0_ + {16 * h};"]
         for name, kind, array in s.loads:
-            load = (f"_mm512_maskz_loadu_ps(live_, {array} + q_)" if kind == "vals" else
-                    f"_mm512_mask_i32gather_ps(_mm512_setzero_ps(), live_, sj_, {array}, 4)")
+            load = (f"_mm512_maskz_loadu_ps(m{h}_, {array} + q_)" if kind == "vals" else
+                    f"full_ ? scorch_gather16({array}, {s.crd} + q_) : _mm512_mask_i32gather_ps("
+                    f"_mm512_setzero_ps(), m{h}_, _mm512_maskz_loadu_epi32(m{h}_, {s.crd} + q_), {array}, 4)")
             half.append(f"const __m512 {name} = {load};")
         half.append(f"p{h}_ = {expr(s.value)};")
-        body += [f"{ind}    {{"] + [f"{ind}      {line}" for line in half] + [f"{ind}    }}"]
-    body.append(f"{ind}    scorch_seg_step(&sg_, p0_, p1_, {s.pos}, {s.out});")
+        body += [f"{ind}    {{"] + [i2 + line for line in half] + [f"{ind}    }}"]
+    body.append(f"{ind}    carry_ = scorch_seg_chunk(p0_, p1_, {s.parents}, {s.heads}, {s.pos}, q0_, hi_, {s.out}, carry_);")
+    lo, hi = expr(s.lo), expr(s.hi)
     return (["#if defined(__AVX512F__)", f"{ind}{{",
-             f"{ind}  scorch_seg sg_ = scorch_seg_begin({s.pos}, {expr(s.lo)}, {expr(s.hi)});",
-             f"{ind}  while (sg_.r < sg_.hi) {{"] + body + [f"{ind}  }}", f"{ind}}}", "#else"]
+             f"{ind}  const int64_t lo_ = {lo}, hi_ = {hi}, base_ = {s.pos}[lo_], qend_ = {s.pos}[hi_];",
+             f"{ind}  const int64_t first_ = base_ < qend_ ? {s.parents}[base_] : hi_;",
+             f"{ind}  for (int64_t r_ = lo_; r_ < first_; r_++) {s.out}[r_] = 0;  /* empty rows before the first entry */",
+             f"{ind}  __m128 carry_ = _mm_setzero_ps();",
+             f"{ind}  for (int64_t q0_ = base_; q0_ < qend_; q0_ += 32) {{"] + body + [f"{ind}  }}", f"{ind}}}", "#else"]
             + stmt(s.fallback, ind) + ["#endif"])
 
 
@@ -492,5 +521,5 @@ def render(*kernels: Kernel) -> str:
     if len(widths) != 1:
         raise ValueError(f"render: kernels lowered for different vector widths {sorted(widths)}")
     funcs = [function(k) for k in kernels]
-    extra = [AVX512_PRELUDE] if any("scorch_seg_step" in f or "scorch_hsum16" in f for f in funcs) else []
+    extra = [AVX512_PRELUDE] if any("scorch_seg_chunk" in f or "scorch_hsum16" in f for f in funcs) else []
     return "\n".join([prelude(widths.pop())] + extra + funcs)

@@ -422,6 +422,8 @@ class _Bound:
                 args[slot] = x._crd[k].numel()
             elif kind == "parents":
                 args[slot] = convert.entry_parents(x._pos[k]).data_ptr()  # kept alive beside x's pos
+            elif kind == "heads":
+                args[slot] = convert.entry_heads(x._pos[k]).data_ptr()
             else:  # slots of a padded level
                 args[slot] = x._crd[k].numel() // extra if extra else 0
         if self.pattern is None:
@@ -521,6 +523,8 @@ def _call(plan, kernel, ops, size, cdtype, extra):
             args.append(ops[p.role[1]].crd(p.role[2]).numel())
         elif kind == "parents":
             args.append(ptr(convert.entry_parents(ops[p.role[1]]._pos[p.role[2]])))
+        elif kind == "heads":
+            args.append(ptr(convert.entry_heads(ops[p.role[1]]._pos[p.role[2]])))
         elif kind == "init":
             args.append(extra["init"][p.role[1]].data_ptr())
         elif kind == "init_stride":

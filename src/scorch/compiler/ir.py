@@ -227,10 +227,16 @@ class SegmentedRows(Stmt):
     ``loads`` are ``(name, kind, array)`` triples binding each step's lanes ("vals":
     ``array[q]``; "gather": ``array[crd[q]]``), ``value`` the per-entry expression over
     them; a segmented scan sums each row's lanes and every row that ends in the step is
-    stored at once (no branch per row).  Float32 values and int32 indices on AVX-512
-    targets; ``fallback`` (the row-wise loop) is compiled elsewhere."""
+    stored at once (no branch per row).  Each chunk's first row comes from ``parents`` (the
+    row of every stored entry) and its segment heads from ``heads`` (a bit per entry: first
+    of its row), so chunks do not wait on each other; ``ncrd`` is the coordinate array's
+    length.  Float32 values and int32 indices on AVX-512 targets;
+    ``fallback`` (the row-wise loop) is compiled elsewhere."""
     pos: str
     crd: str
+    parents: str
+    heads: str
+    ncrd: str
     lo: Expr
     hi: Expr
     loads: tuple

@@ -104,6 +104,7 @@ class _Lowerer:
         self.params = self._params()
         self.crd_lengths: set = set()   # (operand, level) whose coordinate-array length the kernel reads
         self.parent_arrays: set = set()  # (operand, level) whose entries' parent positions it reads
+        self.head_arrays: set = set()    # (operand, level) whose entries' first-of-parent bits it reads
         self.acc_depth = None
 
     def _params(self):
@@ -201,7 +202,8 @@ class _Lowerer:
         if body and isinstance(body[-1], For) and body[-1].lo == _C("lo_t"):
             if self._segmented() is not None:
                 body[-1] = self._segmented_rows(body[-1])
-                notes = ("rows summed 32 stored entries at a time by a segmented scan (AVX-512 builds; "
+                notes = ("rows summed 32 stored entries at a time by a segmented scan, each chunk's rows read "
+                         "from the pattern's entry rows (AVX-512 builds; "
                          "the row-wise loop otherwise)",)
             elif self._sampled() is not None:
                 body[-1] = self._sampled_dots(body[-1])
@@ -238,6 +240,7 @@ class _Lowerer:
                                      for t, k in sorted(self.crd_lengths))
         params += tuple(Param(f"par{t}_{k}", f"const {s.operands[t].index_ctype} *", ("parents", t, k))
                         for t, k in sorted(self.parent_arrays))
+        params += tuple(Param(f"hd{t}_{k}", "const uint8_t *", ("heads", t, k)) for t, k in sorted(self.head_arrays))
         return Kernel(name, params, Block((Parallel(Block(tuple(self.prelude()) + tuple(body)),
                                                          _C("nthreads")),)), every,
                       uses_workspace=self.phase in ("count", "fill") and not self.in_order,
@@ -374,7 +377,10 @@ class _Lowerer:
         t = next(t for t, kind in loads.items() if kind == "vals")
         names = {u: (f"vals{u}" if kind == "vals" else f"d{u}") for u, kind in loads.items()}
         value = self.value(self.s.expr, _State({}, {}, set(), {u: _C(f"v{u}") for u in loads}))
-        return SegmentedRows(f"pos{t}_1", f"crd{t}_1", loop.lo, loop.hi,
+        self.crd_lengths.add((t, 1))
+        self.parent_arrays.add((t, 1))
+        self.head_arrays.add((t, 1))
+        return SegmentedRows(f"pos{t}_1", f"crd{t}_1", f"par{t}_1", f"hd{t}_1", f"ncrd{t}_1", loop.lo, loop.hi,
                              tuple((f"v{u}", kind, names[u]) for u, kind in sorted(loads.items())), value, "outp",
                              loop)
 
