@@ -68,7 +68,7 @@ def _parents(pos):
 
 def _heads(pos):
     nnz = int(pos[-1])
-    starts = torch.zeros((nnz + 7) // 8 * 8 + 64, dtype=torch.bool)
+    starts = torch.zeros((nnz + 7) // 8 * 8 + 8 * 128, dtype=torch.bool)
     starts[pos[:-1][pos[:-1] < nnz].to(_I64)] = True
     weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
     return (starts.view(-1, 8).to(torch.uint8) * weights).sum(1, dtype=torch.uint8)
@@ -82,8 +82,8 @@ def entry_parents(pos: torch.Tensor) -> torch.Tensor:
 
 def entry_heads(pos: torch.Tensor) -> torch.Tensor:
     """Bit ``q % 8`` of byte ``q // 8`` set when entry ``q`` of a compressed level is its
-    parent's first (a CSR row's first stored entry), as uint8, with 8 zero bytes past the
-    last entry's byte (an 8-byte read at any entry's byte stays inside); kept while ``pos``
+    parent's first (a CSR row's first stored entry), as uint8, with 128 zero bytes past the
+    last entry's byte (a kernel reads 68 bytes from any entry's byte on); kept while ``pos``
     lives."""
     return _derived(pos, "heads", _heads)
 

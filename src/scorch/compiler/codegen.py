@@ -225,16 +225,17 @@ def _hsum4(vt: str, lanes: int) -> str:
 AVX512_PRELUDE = """\
 #if defined(__AVX512F__)
 #include <immintrin.h>
-/* Row sums of a CSR level over 32 stored entries (two vectors) at a time, whatever the row
-   lengths (the SegmentedRows statement).  The chunks of a thread's entries are independent:
-   chunk q0's first row is par[q0] (the pattern's array of entry rows), its segment heads the
-   bits of the entries that start a row (a bit per entry), so no chunk waits for the rows the
-   chunk before it finished -- only the carry (the sum of the row still open at a chunk's end) runs
-   from chunk to chunk.  A segmented inclusive scan (rows never mix: no cancellation between
-   rows, an inf stays in its row) leaves each row's sum at its last lane; one two-vector
-   permute and one masked store write every row that ends in the chunk, empty rows 0.
-   Sixteen rows ending in one chunk (short or empty rows): the store is repeated for the next
-   sixteen.  No other branch depends on the row lengths. */
+/* Row sums of a CSR level over blocks of 512 stored entries, whatever the row lengths (the
+   SegmentedRows statement).  A block is 16 chunks of 32 entries; the chunks' products are
+   transposed (16 x 16 in registers, twice) so that vector j holds entry j of every chunk,
+   and a segmented scan runs down the 32 vectors, one masked add per vector (heads: the
+   pattern's bit per entry that starts a row, convert.entry_heads).  Rows never mix: no
+   cancellation between rows, an inf stays in its row.  A scan across the 16 chunks gives
+   the sum each chunk inherits from the row open at its start; every row that ends in the
+   block (rows par[b] .. par[b+512]-1: the pattern's entry rows, so blocks do not wait on
+   each other) reads its sum at its last entry and adds the inherited sum when it began in
+   an earlier chunk.  Only that sum (the carry) runs from block to block.  No branch depends
+   on the row lengths. */
 static inline __mmask16 scorch_live16(int64_t left) {  /* lanes 0 .. left-1 of 16 */
   left = left < 0 ? 0 : left > 16 ? 16 : left;
   return (__mmask16)((1u << left) - 1u);
@@ -266,43 +267,78 @@ static inline __m512 scorch_seg_scan(__m512 p, __mmask16 f) {  /* f: segment hea
   p = _mm512_mask_add_ps(p, (__mmask16)~f, p, scorch_seg_up(p, 4)); f |= (__mmask16)(f << 4);
   return _mm512_mask_add_ps(p, (__mmask16)~f, p, scorch_seg_up(p, 8));
 }
-/* The chunk of entries q0 .. q0+31 of rows .. hi-1: p0, p1 their values, heads a bit per
-   entry (first of its row: convert.entry_heads), carry (lane 0) the sum of row par[q0]'s
-   entries before q0.  Stores out[r] for every row r < hi whose last entry lies in the chunk, and
-   returns the new carry. */
-static inline __m128 scorch_seg_chunk(__m512 p0, __m512 p1, const int32_t *par, const uint8_t *heads,
-                                      const int32_t *pos, int64_t q0, int64_t hi, float *out, __m128 carry) {
-  uint64_t w;  /* the heads of entries q0 .. q0+31 (and of whatever follows the thread's rows) */
-  __builtin_memcpy(&w, heads + (q0 >> 3), 8);
-  w >>= q0 & 7;
-  const __mmask16 h0 = (__mmask16)(w | 1u), h1 = (__mmask16)(w >> 16);
-  p0 = scorch_seg_scan(p0, h0);
-  p1 = scorch_seg_scan(p1, h1);
-  /* the lanes of p1 before its first head continue p0's last segment */
-  p1 = _mm512_mask_add_ps(p1, (__mmask16)((h1 & -h1) - 1u), p1, _mm512_permutexvar_ps(_mm512_set1_epi32(15), p0));
-  const int64_t r0 = par[q0];
-  int64_t r = r0;
-  int32_t lprev = -1;  /* lane of the last entry of the row before r, when it ended in this chunk */
-  __m512 c0 = _mm512_castps128_ps512(carry);
-  for (;;) {
-    const __mmask16 mr = scorch_live16(hi - r);
-    const __m512i l = _mm512_sub_epi32(_mm512_maskz_loadu_epi32(mr, pos + r + 1),
-                                       _mm512_set1_epi32((int32_t)(q0 + 1)));  /* lane of row r+k's end */
-    const __mmask16 ends = _mm512_mask_cmplt_epi32_mask(mr, l, _mm512_set1_epi32(32));
-    const __m512i lp = _mm512_alignr_epi32(l, _mm512_set1_epi32(lprev), 15);  /* lane k: l[k-1] */
-    __m512 y = _mm512_maskz_permutex2var_ps(_mm512_cmpneq_epi32_mask(l, lp), p0, l, p1);  /* empty rows: 0 */
-    y = _mm512_mask_add_ps(y, 1, y, c0);
-    _mm512_mask_storeu_ps(out + r, ends, y);
-    const int cnt = __builtin_popcount((unsigned)ends);
-    r += cnt;
-    if (cnt < 16) break;
-    lprev = (int32_t)(pos[r] - q0 - 1);
-    c0 = _mm512_setzero_ps();
+/* In-register transpose of 16 vectors of 16 floats: r[i] lane j <-> r[j] lane i. */
+static inline void scorch_transpose16(__m512 *r) {
+  __m512 t[16];
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
   }
-  /* the open row keeps its carry if no row ended, and adds the lanes after the last end */
-  const __mmask8 keep = (__mmask8)-(int)(r == r0), more = (__mmask8)-(int)(pos[r] - q0 - 1 < 31);
-  const __m128 c = _mm_maskz_mov_ps(keep, carry);
-  return _mm_mask_add_ps(c, more, c, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set1_epi32(15), p1)));
+  for (int i = 0; i < 4; i++) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int i = 0; i < 2; i++)
+    for (int k = 0; k < 4; k++) {
+      t[8 * i + k] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + 4 + k], 0x88);
+      t[8 * i + 4 + k] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + 4 + k], 0xdd);
+    }
+  for (int k = 0; k < 8; k++) {
+    r[k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0x88);
+    r[8 + k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0xdd);
+  }
+}
+/* The block of entries b .. b+nb-1 (nb <= 512; qend the thread's end, hi its row end): pa[l],
+   pb[l] the values of chunk l's entries 0-15 and 16-31 (anything past qend: those lanes come
+   after every row end the block reads, so they reach only the carry, unused after the last
+   block), carry (every lane) the sum of row par[b]'s entries before b, buf 512 floats of
+   scratch.  Stores out[r] for every row r that ends in the block; returns the new carry. */
+static inline __m512 scorch_seg_block(__m512 *pa, __m512 *pb, float *buf, const int32_t *par, const uint8_t *heads,
+                                      const int32_t *pos, int64_t b, int64_t nb, int64_t qend, int64_t hi,
+                                      float *out, __m512 carry) {
+  scorch_transpose16(pa);
+  scorch_transpose16(pb);
+  /* lane l: the 32 head bits of chunk l (entries b+32l ..); b+32l = b (mod 8) for every l */
+  const __m512i sh = _mm512_set1_epi32((int32_t)(b & 7));
+  const uint8_t *hb = heads + (b >> 3);
+  const __m512i w = _mm512_or_si512(_mm512_srlv_epi32(_mm512_loadu_si512(hb), sh),
+                                    _mm512_sllv_epi32(_mm512_loadu_si512(hb + 4), _mm512_sub_epi32(_mm512_set1_epi32(32), sh)));
+  __m512 prev = _mm512_setzero_ps();
+  _Pragma("GCC unroll 32") for (int j = 0; j < 32; j++) {  /* the segmented scan down the chunks' entries */
+    __m512 *v = j < 16 ? &pa[j] : &pb[j - 16];
+    const __mmask16 h = _mm512_test_epi32_mask(w, _mm512_set1_epi32((int32_t)(1u << j)));
+    *v = _mm512_mask_add_ps(*v, (__mmask16)~h, *v, prev);
+    _mm512_store_ps(buf + 16 * j, *v);
+    prev = *v;
+  }
+  /* inherited sums: chunk l inherits chunk l-1's last segment, plus what that inherited when
+     it has no head (a segmented scan across the chunks; chunk 0 inherits the carry) */
+  const __mmask16 f = _mm512_test_epi32_mask(w, w);
+  const __m512 inherit = scorch_seg_scan(_mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(prev),
+                                                             _mm512_castps_si512(carry), 15)),
+                                         (__mmask16)((f << 1) | 1u));
+  const __m512 tail = _mm512_mask_add_ps(prev, (__mmask16)~f, prev, inherit);
+  const int64_t first = par[b], next = b + nb < qend ? par[b + nb] : hi;
+  for (int64_t r = first; r < next; r += 16) {  /* every row that ends in the block, 16 at a time */
+    const __mmask16 mr = scorch_live16(next - r);
+    const __m512i s = _mm512_maskz_loadu_epi32(mr, pos + r), e1 = _mm512_maskz_loadu_epi32(mr, pos + r + 1);
+    const __mmask16 stored = _mm512_mask_cmpneq_epi32_mask(mr, s, e1);  /* empty rows: 0 */
+    const __m512i e = _mm512_sub_epi32(e1, _mm512_set1_epi32((int32_t)(b + 1)));  /* last entry, in the block */
+    const __m512i chunk = _mm512_srli_epi32(e, 5);
+    int32_t at[16] __attribute__((aligned(64)));
+    _mm512_store_si512(at, _mm512_maskz_mov_epi32(stored, _mm512_add_epi32(
+        _mm512_slli_epi32(_mm512_and_si512(e, _mm512_set1_epi32(31)), 4), chunk)));
+    __m512 y = _mm512_maskz_mov_ps(stored, scorch_gather16(buf, at));
+    const __mmask16 began = _mm512_mask_cmplt_epi32_mask(stored, _mm512_sub_epi32(s, _mm512_set1_epi32((int32_t)b)),
+                                                         _mm512_slli_epi32(chunk, 5));
+    y = _mm512_mask_add_ps(y, began, y, _mm512_permutexvar_ps(chunk, inherit));
+    _mm512_mask_storeu_ps(out + r, mr, y);
+  }
+  return _mm512_permutexvar_ps(_mm512_set1_epi32(15), tail);
 }
 static inline __m512 scorch_pairsum(__m512 a, __m512 b, __m512i lo, __m512i hi) {
   return _mm512_add_ps(_mm512_permutex2var_ps(a, lo, b), _mm512_permutex2var_ps(a, hi, b));
@@ -389,31 +425,37 @@ def stmt(s, ind: str) -> list[str]:
 
 
 def segmented_rows(s: SegmentedRows, ind: str) -> list[str]:
-    """The AVX-512 chunk loop (``scorch_seg_chunk`` in AVX512_PRELUDE), the row-wise loop elsewhere.
-    A chunk wholly inside the coordinate array gathers with ``scorch_gather16`` (it reads all
-    sixteen indices), the array's last partial chunk with a masked vgatherdps.  Lanes past the
-    thread's last entry come after every row end the chunk stores (the scan only carries
-    forward), so whatever they hold reaches only the carry, unused after the last chunk."""
-    i2 = ind + "      "
-    body = [f"{ind}    __m512 p0_, p1_;", f"{ind}    const int full_ = q0_ + 32 <= {s.ncrd};",
-            f"{ind}    const __mmask16 m0_ = scorch_live16(qend_ - q0_), m1_ = scorch_live16(qend_ - q0_ - 16);"]
-    for h in (0, 1):
+    """The AVX-512 block loop (``scorch_seg_block`` in AVX512_PRELUDE), the row-wise loop
+    elsewhere.  A chunk wholly inside the coordinate array gathers with ``scorch_gather16``
+    (it reads all its indices), the array's last partial chunk with a masked vgatherdps."""
+    i2 = ind + "        "
+    body = [f"{ind}      const int64_t q0_ = b_ + 32 * l_;",
+            f"{ind}      if (q0_ >= qend_) {{ pa_[l_] = pb_[l_] = _mm512_setzero_ps(); continue; }}",
+            f"{ind}      const int full_ = q0_ + 32 <= {s.ncrd};",
+            f"{ind}      const __mmask16 m0_ = scorch_live16({s.ncrd} - q0_), m1_ = scorch_live16({s.ncrd} - q0_ - 16);"]
+    for h, dst in ((0, "pa_"), (1, "pb_")):
         half = [f"const int64_t q_ = q0_ + {16 * h};"]
         for name, kind, array in s.loads:
             load = (f"_mm512_maskz_loadu_ps(m{h}_, {array} + q_)" if kind == "vals" else
                     f"full_ ? scorch_gather16({array}, {s.crd} + q_) : _mm512_mask_i32gather_ps("
                     f"_mm512_setzero_ps(), m{h}_, _mm512_maskz_loadu_epi32(m{h}_, {s.crd} + q_), {array}, 4)")
             half.append(f"const __m512 {name} = {load};")
-        half.append(f"p{h}_ = {expr(s.value)};")
-        body += [f"{ind}    {{"] + [i2 + line for line in half] + [f"{ind}    }}"]
-    body.append(f"{ind}    carry_ = scorch_seg_chunk(p0_, p1_, {s.parents}, {s.heads}, {s.pos}, q0_, hi_, {s.out}, carry_);")
+        half.append(f"{dst}[l_] = {expr(s.value)};")
+        body += [f"{ind}      {{"] + [i2 + line for line in half] + [f"{ind}      }}"]
     lo, hi = expr(s.lo), expr(s.hi)
     return (["#if defined(__AVX512F__)", f"{ind}{{",
              f"{ind}  const int64_t lo_ = {lo}, hi_ = {hi}, base_ = {s.pos}[lo_], qend_ = {s.pos}[hi_];",
              f"{ind}  const int64_t first_ = base_ < qend_ ? {s.parents}[base_] : hi_;",
              f"{ind}  for (int64_t r_ = lo_; r_ < first_; r_++) {s.out}[r_] = 0;  /* empty rows before the first entry */",
-             f"{ind}  __m128 carry_ = _mm_setzero_ps();",
-             f"{ind}  for (int64_t q0_ = base_; q0_ < qend_; q0_ += 32) {{"] + body + [f"{ind}  }}", f"{ind}}}", "#else"]
+             f"{ind}  __m512 carry_ = _mm512_setzero_ps();",
+             f"{ind}  float buf_[512] __attribute__((aligned(64)));",
+             f"{ind}  for (int64_t b_ = base_; b_ < qend_; b_ += 512) {{",
+             f"{ind}    __m512 pa_[16], pb_[16];",
+             f"{ind}    #pragma GCC unroll 16",
+             f"{ind}    for (int l_ = 0; l_ < 16; l_++) {{"] + body + [f"{ind}    }}",
+             f"{ind}    carry_ = scorch_seg_block(pa_, pb_, buf_, {s.parents}, {s.heads}, {s.pos}, b_, "
+             f"SCORCH_MIN(qend_ - b_, 512), qend_, hi_, {s.out}, carry_);",
+             f"{ind}  }}", f"{ind}}}", "#else"]
             + stmt(s.fallback, ind) + ["#endif"])
 
 
@@ -521,5 +563,5 @@ def render(*kernels: Kernel) -> str:
     if len(widths) != 1:
         raise ValueError(f"render: kernels lowered for different vector widths {sorted(widths)}")
     funcs = [function(k) for k in kernels]
-    extra = [AVX512_PRELUDE] if any("scorch_seg_chunk" in f or "scorch_hsum16" in f for f in funcs) else []
+    extra = [AVX512_PRELUDE] if any("scorch_seg_block" in f or "scorch_hsum16" in f for f in funcs) else []
     return "\n".join([prelude(widths.pop())] + extra + funcs)

@@ -223,15 +223,15 @@ class Parallel(Stmt):
 @dataclass(frozen=True)
 class SegmentedRows(Stmt):
     """The sums of rows ``lo .. hi-1`` of a CSR level, ``out[r] = sum over q in pos[r] ..
-    pos[r+1]-1 of value(q)``, 32 stored entries per step whatever the row lengths:
-    ``loads`` are ``(name, kind, array)`` triples binding each step's lanes ("vals":
-    ``array[q]``; "gather": ``array[crd[q]]``), ``value`` the per-entry expression over
-    them; a segmented scan sums each row's lanes and every row that ends in the step is
-    stored at once (no branch per row).  Each chunk's first row comes from ``parents`` (the
-    row of every stored entry) and its segment heads from ``heads`` (a bit per entry: first
-    of its row), so chunks do not wait on each other; ``ncrd`` is the coordinate array's
-    length.  Float32 values and int32 indices on AVX-512 targets;
-    ``fallback`` (the row-wise loop) is compiled elsewhere."""
+    pos[r+1]-1 of value(q)``, 512 stored entries per block whatever the row lengths:
+    ``loads`` are ``(name, kind, array)`` triples binding each 16-entry vector's lanes
+    ("vals": ``array[q]``; "gather": ``array[crd[q]]``), ``value`` the per-entry expression
+    over them; a segmented scan sums each row's lanes and every row that ends in the block
+    is stored 16 at a time (no branch per row).  A block's first row comes from ``parents``
+    (the row of every stored entry) and its segment heads from ``heads`` (a bit per entry:
+    first of its row), so blocks do not wait on each other; ``ncrd`` is the coordinate
+    array's length.  Float32 values and int32 indices on AVX-512 targets; ``fallback`` (the
+    row-wise loop) is compiled elsewhere."""
     pos: str
     crd: str
     parents: str

@@ -202,8 +202,8 @@ class _Lowerer:
         if body and isinstance(body[-1], For) and body[-1].lo == _C("lo_t"):
             if self._segmented() is not None:
                 body[-1] = self._segmented_rows(body[-1])
-                notes = ("rows summed 32 stored entries at a time by a segmented scan, each chunk's rows read "
-                         "from the pattern's entry rows (AVX-512 builds; "
+                notes = ("rows summed 512 stored entries at a time by a segmented scan down 16 transposed "
+                         "32-entry chunks, the block's rows read from the pattern's entry rows (AVX-512 builds; "
                          "the row-wise loop otherwise)",)
             elif self._sampled() is not None:
                 body[-1] = self._sampled_dots(body[-1])
