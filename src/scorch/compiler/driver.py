@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import convert
-from ..errors import NotSupportedError, ScorchTypeError, ScorchValueError
+from ..errors import InternalError, NotSupportedError, ScorchTypeError, ScorchValueError
 from ..format import bsc_format, bsr_format, preset
 from ..interop import as_sparse, is_sparse
 from ..tensor import SparseTensor
@@ -399,39 +399,49 @@ class _Bound:
     def arguments(self, ops, init=()):
         """The kernel's argument list for ``ops``, its freshly allocated output, and the
         number of per-thread output copies in it."""
-        args = list(self.template)
-        nthreads = build.threads_for(_work(self.work, ops))
+        args = self.template.copy()
+        work = 0
+        for k, f in self.work:
+            w = f if k is None else ops[k]._nnz * f
+            work = w if w > work else work
+        nthreads = build.threads_for(work)
         copies = nthreads if self.buffers else 1
-        for slot, t, kind, k, extra in self.pointers:
-            if kind == "nthreads":
-                args[slot] = nthreads
-                continue
-            if kind == "init":
-                args[slot] = init[t].data_ptr()
-                continue
-            x = ops[t]
-            if kind == "pos":
-                args[slot] = x._pos[k].data_ptr()
-            elif kind == "crd":
-                args[slot] = x._crd[k].data_ptr()
-            elif kind == "vals":
-                args[slot] = x._values.data_ptr()
-            elif kind == "data":
-                args[slot] = x.data_ptr()
-            elif kind == "ncrd":
-                args[slot] = x._crd[k].numel()
-            elif kind == "parents":
-                args[slot] = convert.entry_parents(x._pos[k]).data_ptr()  # kept alive beside x's pos
-            elif kind == "heads":
-                args[slot] = convert.entry_heads(x._pos[k]).data_ptr()
-            else:  # slots of a padded level
-                args[slot] = x._crd[k].numel() // extra if extra else 0
+        for slot, get in self.getters:
+            args[slot] = get(ops, init, nthreads)
         if self.pattern is None:
             out = self.alloc((copies,) + self.out_shape if copies > 1 else self.out_shape, dtype=self.cdtype)
         else:
             out = self.alloc(ops[self.pattern]._values.numel(), dtype=self.cdtype)
         args[self.out_slot] = out.data_ptr()
         return args, out, copies
+
+    def __post_init__(self):
+        self.getters = [(slot, _getter(t, kind, k, extra)) for slot, t, kind, k, extra in self.pointers]
+
+
+def _getter(t, kind, k, extra):
+    """``get(ops, init, nthreads)``: the value of one pointer or size argument of a call."""
+    if kind == "nthreads":
+        return lambda ops, init, nthreads: nthreads
+    if kind == "init":
+        return lambda ops, init, nthreads: init[t].data_ptr()
+    if kind == "pos":
+        return lambda ops, init, nthreads: ops[t]._pos[k].data_ptr()
+    if kind == "crd":
+        return lambda ops, init, nthreads: ops[t]._crd[k].data_ptr()
+    if kind == "vals":
+        return lambda ops, init, nthreads: ops[t]._values.data_ptr()
+    if kind == "data":
+        return lambda ops, init, nthreads: ops[t].data_ptr()
+    if kind == "ncrd":
+        return lambda ops, init, nthreads: ops[t]._crd[k].numel()
+    if kind == "parents":  # kept alive beside the operand's pos
+        return lambda ops, init, nthreads: convert.entry_parents(ops[t]._pos[k]).data_ptr()
+    if kind == "heads":
+        return lambda ops, init, nthreads: convert.entry_heads(ops[t]._pos[k]).data_ptr()
+    if kind == "slots":  # slots of a padded level
+        return lambda ops, init, nthreads: ops[t]._crd[k].numel() // extra if extra else 0
+    raise InternalError(f"driver: no argument getter for {kind!r}")
 
 
 @dataclass
