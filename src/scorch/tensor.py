@@ -76,6 +76,8 @@ class SparseTensor(torch.Tensor):
         self._pos, self._crd = tuple(map(contig, pos)), tuple(map(contig, crd))
         self._values = values.contiguous()
         self._nnz = self._count_nnz() if nnz is None else nnz
+        # the part of a kernel call's cache key this tensor gives (compiler.driver._signature)
+        self._sig = (self._format, self._values.dtype, self._crd_dtype(), self._shape)
 
     def _count_nnz(self) -> int:
         if not any(lv.kind == "padded" for lv in self._format.levels):

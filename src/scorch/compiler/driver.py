@@ -309,7 +309,7 @@ def _signature(equation, format, operands, init=()):
     sig = [equation, format, torch.get_num_threads(), len(init)]
     for x in (*operands, *init):
         if type(x) is SparseTensor:
-            sig.append((x._format, x._values.dtype, x._crd_dtype(), x._shape))
+            sig.append(x._sig)
         elif type(x) in _DENSE_TYPES and x.layout == torch.strided and x.is_cpu:
             sig.append((x.dtype, x.shape, x.stride()))
         else:
