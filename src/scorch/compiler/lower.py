@@ -22,11 +22,11 @@ pattern assembled row by row through a dense workspace in two phases
 
 Two loop nests over a CSR level also get a form that steps over the level's entries
 across row ends (AVX-512 builds; the row-wise nest is kept under ``#else``): a row sum
-(SpMV, ``ij->i``) becomes a segmented scan over 32 entries per step
+(SpMV, ``ij->i``) becomes a segmented scan over blocks of 512 entries
 (:class:`~scorch.compiler.ir.SegmentedRows`), an SDDMM into the operand's pattern becomes
-sixteen dot products per step reduced by one shuffle tree, each entry's row read from an
-array of the pattern's entry rows that the runtime keeps beside it
-(:class:`~scorch.compiler.ir.SampledDots`).  On graphs with a few entries per row the
+sixteen dot products per step reduced by one shuffle tree
+(:class:`~scorch.compiler.ir.SampledDots`); both read each entry's row from an array of the
+pattern's entry rows that the runtime keeps beside it.  On graphs with a few entries per row the
 row-wise loops pay a mispredicted branch and a horizontal sum per row.
 
 Only level capabilities (``kind``) are consulted, never format names.
