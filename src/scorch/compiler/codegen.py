@@ -425,8 +425,9 @@ def stmt(s, ind: str) -> list[str]:
 
 
 def segmented_rows(s: SegmentedRows, ind: str) -> list[str]:
-    """The AVX-512 block loop (``scorch_seg_block`` in AVX512_PRELUDE), the row-wise loop
-    elsewhere.  A chunk wholly inside the coordinate array gathers with ``scorch_gather16``
+    """The AVX-512 block loop (``scorch_seg_block`` in AVX512_PRELUDE) over nnz-balanced parts
+    of the rows that the team's threads take as they come free, the row-wise loop over the
+    thread's rows elsewhere.  A chunk wholly inside the coordinate array gathers with ``scorch_gather16``
     (it reads all its indices), the array's last partial chunk with a masked vgatherdps."""
     i2 = ind + "        "
     body = [f"{ind}      const int64_t q0_ = b_ + 32 * l_;",
@@ -442,9 +443,15 @@ def segmented_rows(s: SegmentedRows, ind: str) -> list[str]:
             half.append(f"const __m512 {name} = {load};")
         half.append(f"{dst}[l_] = {expr(s.value)};")
         body += [f"{ind}      {{"] + [i2 + line for line in half] + [f"{ind}      }}"]
-    lo, hi = expr(s.lo), expr(s.hi)
+    rows = expr(s.rows)
+    lb = f"scorch_lower_bound({s.pos}, 0, {rows}, "
     return (["#if defined(__AVX512F__)", f"{ind}{{",
-             f"{ind}  const int64_t lo_ = {lo}, hi_ = {hi}, base_ = {s.pos}[lo_], qend_ = {s.pos}[hi_];",
+             f"{ind}  const int64_t nnz_ = {s.pos}[{rows}], parts_ = 4 * nthr;",
+             f"{ind}  #pragma omp for schedule(dynamic, 1) nowait",
+             f"{ind}  for (int64_t part_ = 0; part_ < parts_; part_++) {{",
+             f"{ind}  const int64_t lo_ = {lb}nnz_ * part_ / parts_);",
+             f"{ind}  const int64_t hi_ = part_ == parts_ - 1 ? {rows} : {lb}nnz_ * (part_ + 1) / parts_);",
+             f"{ind}  const int64_t base_ = {s.pos}[lo_], qend_ = {s.pos}[hi_];",
              f"{ind}  const int64_t first_ = base_ < qend_ ? {s.parents}[base_] : hi_;",
              f"{ind}  for (int64_t r_ = lo_; r_ < first_; r_++) {s.out}[r_] = 0;  /* empty rows before the first entry */",
              f"{ind}  __m512 carry_ = _mm512_setzero_ps();",
@@ -455,7 +462,7 @@ def segmented_rows(s: SegmentedRows, ind: str) -> list[str]:
              f"{ind}    for (int l_ = 0; l_ < 16; l_++) {{"] + body + [f"{ind}    }}",
              f"{ind}    carry_ = scorch_seg_block(pa_, pb_, buf_, {s.parents}, {s.heads}, {s.pos}, b_, "
              f"SCORCH_MIN(qend_ - b_, 512), qend_, hi_, {s.out}, carry_);",
-             f"{ind}  }}", f"{ind}}}", "#else"]
+             f"{ind}  }}", f"{ind}  }}", f"{ind}}}", "#else"]
             + stmt(s.fallback, ind) + ["#endif"])
 
 

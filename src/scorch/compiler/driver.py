@@ -400,11 +400,7 @@ class _Bound:
         """The kernel's argument list for ``ops``, its freshly allocated output, and the
         number of per-thread output copies in it."""
         args = self.template.copy()
-        work = 0
-        for k, f in self.work:
-            w = f if k is None else ops[k]._nnz * f
-            work = w if w > work else work
-        nthreads = build.threads_for(work)
+        nthreads = build.threads_for(_work(self.work, ops))
         copies = nthreads if self.buffers else 1
         for slot, get in self.getters:
             args[slot] = get(ops, init, nthreads)
@@ -559,7 +555,11 @@ def _work_factors(ein: Einsum, ops) -> tuple:
 
 def _work(factors, ops) -> int:
     """The loop nest's inner iterations estimated from :func:`_work_factors`."""
-    return max((f if k is None else ops[k]._nnz * f for k, f in factors), default=0)
+    work = 0
+    for k, f in factors:  # a loop, not max() over a generator: this runs on every cached call
+        w = f if k is None else ops[k]._nnz * f
+        work = w if w > work else work
+    return work
 
 
 def _run(plan: Plan, ein: Einsum, ops, cdtype, init=()):

@@ -222,30 +222,31 @@ class Parallel(Stmt):
 
 @dataclass(frozen=True)
 class SegmentedRows(Stmt):
-    """The sums of rows ``lo .. hi-1`` of a CSR level, ``out[r] = sum over q in pos[r] ..
+    """The sums of rows ``0 .. rows-1`` of a CSR level, ``out[r] = sum over q in pos[r] ..
     pos[r+1]-1 of value(q)``, 512 stored entries per block whatever the row lengths:
     ``loads`` are ``(name, kind, array)`` triples binding each 16-entry vector's lanes
     ("vals": ``array[q]``; "gather": ``array[crd[q]]``), ``value`` the per-entry expression
     over them; a segmented scan sums each row's lanes and every row that ends in the block
-    is stored 16 at a time (no branch per row).  A block's first row comes from ``parents``
-    (the row of every stored entry) and its segment heads from ``heads`` (a bit per entry:
-    first of its row), so blocks do not wait on each other; ``ncrd`` is the coordinate
-    array's length.  Float32 values and int32 indices on AVX-512 targets; ``fallback`` (the
-    row-wise loop) is compiled elsewhere."""
+    is stored 16 at a time (no branch per row).  The team's threads take the rows in
+    nnz-balanced parts, four per thread, as they come free (a thread woken late takes fewer).
+    A block's first row comes from ``parents`` (the row of every stored entry) and its
+    segment heads from ``heads`` (a bit per entry: first of its row), so blocks do not wait
+    on each other; ``ncrd`` is the coordinate array's length.  Float32 values and int32
+    indices on AVX-512 targets; ``fallback`` (the row-wise loop over the thread's rows) is
+    compiled elsewhere."""
     pos: str
     crd: str
     parents: str
     heads: str
     ncrd: str
-    lo: Expr
-    hi: Expr
+    rows: Expr
     loads: tuple
     value: Expr
     out: str
     fallback: Stmt
 
     def __str__(self):
-        return (f"segmented rows [{self.lo}, {self.hi}) of {self.pos}: {self.out}[r] = sum {self.value}\n"
+        return (f"segmented rows [0, {self.rows}) of {self.pos}: {self.out}[r] = sum {self.value}\n"
                 "else:\n" + _indent(str(self.fallback)))
 
 

@@ -380,7 +380,8 @@ class _Lowerer:
         self.crd_lengths.add((t, 1))
         self.parent_arrays.add((t, 1))
         self.head_arrays.add((t, 1))
-        return SegmentedRows(f"pos{t}_1", f"crd{t}_1", f"par{t}_1", f"hd{t}_1", f"ncrd{t}_1", loop.lo, loop.hi,
+        return SegmentedRows(f"pos{t}_1", f"crd{t}_1", f"par{t}_1", f"hd{t}_1", f"ncrd{t}_1",
+                             _C(f"n_{self.s.loop_order[0]}"),
                              tuple((f"v{u}", kind, names[u]) for u, kind in sorted(loads.items())), value, "outp",
                              loop)
 
