@@ -117,6 +117,9 @@ def test_plot_message_or_file(tmp_path):
 
 def test_timeit_alternates_and_budget():
     calls = []
-    t = timeit([lambda: calls.append("a"), lambda: calls.append("b")], repeat=4)
-    assert len(t) == 2 and all(x >= 0 for x in t)
-    assert calls == ["a", "b"] * 5
+    t = timeit([lambda: calls.append("a"), lambda: calls.append("b"), lambda: calls.append("c")], repeat=8)
+    assert len(t) == 3 and all(x >= 0 for x in t)
+    rounds = [calls[i:i + 3] for i in range(0, len(calls), 3)]
+    assert rounds[0] == ["a", "b", "c"] and len(rounds) == 9            # warm-up in order, then 8 rounds
+    assert all(sorted(r) == ["a", "b", "c"] for r in rounds)           # each round runs each once
+    assert len({tuple(r) for r in rounds[1:]}) > 1                     # in more than one order

@@ -10,6 +10,7 @@ alternated in one process and returns one row per system.
 from __future__ import annotations
 
 import math
+import random
 import resource
 import statistics
 import sys
@@ -67,7 +68,10 @@ class Case:
 # ---------------------------------------------------------------- timing (copied from benchmarks/_timing.py, + a budget)
 
 def timeit(fns, repeat: int, budget: float | None = None, warmup: bool = True):
-    """Median seconds of each fn, the fns run alternately (fair on a noisy, shared machine).
+    """Median seconds of each fn, the fns run alternately (fair on a noisy, shared machine),
+    each round in a new order (seeded shuffle): in a fixed order each system would always run
+    right after the same other one and inherit what it leaves -- the caches it warmed with the
+    same operands, or evicted, and OpenMP threads awake or asleep after a single-threaded run.
 
     One warm-up call each (unless ``warmup=False``, when the caller has just run them);
     with ``budget`` (seconds) the repeat count is adjusted after the first timed round: lowered
@@ -78,10 +82,12 @@ def timeit(fns, repeat: int, budget: float | None = None, warmup: bool = True):
             f()
     ts = [[] for _ in fns]
     done = 0
+    order, rng = list(range(len(fns))), random.Random(0)
     while done < repeat:
-        for k, f in enumerate(fns):
+        rng.shuffle(order)
+        for k in order:
             t0 = time.perf_counter()
-            f()
+            fns[k]()
             ts[k].append(time.perf_counter() - t0)
         done += 1
         if done == 1 and budget is not None:
