@@ -85,22 +85,28 @@ static inline int64_t scorch_sort(int64_t *a, int64_t n) {
 
 /* The assembled row of a sparse result, ascending: len distinct columns (the count pass's),
    wsp[column] their values.  A row whose bitset has at most 16 words per entry is read off
-   the bitset (set by the fill: a word scan and a count-trailing-zeros per entry, no
-   comparisons to mispredict); a sparser one from lst[0..len), its columns as listed, sorted.
-   Writes crd[0..len) (of index type I) and val[0..len), and leaves the workspace as it found
-   it: the bits it read cleared, the values it read zeroed. */
+   the bitset (set by the fill: a count-trailing-zeros per entry, no comparisons to
+   mispredict), visiting only the words its summary marks (summ: a bit per word of bits,
+   set by the fill beside the column's bit); a sparser one from lst[0..len), its columns as
+   listed, sorted.  Writes crd[0..len) (of index type I) and val[0..len), and leaves the
+   workspace as it found it: the bits and summary words it read cleared, the values zeroed. */
 #define SCORCH_ROW_OUT(T, I)                                                                     \\
-static inline void scorch_row_out_##T##_##I(int64_t *lst, int64_t len, uint64_t *bits,               \\
+static inline void scorch_row_out_##T##_##I(int64_t *lst, int64_t len, uint64_t *bits, uint64_t *summ, \\
                                             int64_t words, T *wsp, I *crd, T *val) {                 \\
   if (words <= 16 * len) {                                                                        \\
     int64_t e = 0;                                                                                \\
-    for (int64_t w = 0; w < words; w++) {                                                         \\
-      uint64_t b = bits[w];                                                                       \\
-      if (!b) continue;                                                                           \\
-      bits[w] = 0;                                                                                \\
-      while (b && e < len) {  /* e < len: never past the row, whatever the bits hold */          \\
-        const int64_t k = w * 64 + __builtin_ctzll(b);                                            \\
-        crd[e] = (I)k; val[e] = wsp[k]; wsp[k] = 0; e++; b &= b - 1;                              \\
+    const int64_t sums = (words + 63) / 64;                                                       \\
+    for (int64_t s = 0; s < sums; s++) {                                                          \\
+      uint64_t m = summ[s];                                                                       \\
+      summ[s] = 0;                                                                                \\
+      for (; m; m &= m - 1) {                                                                     \\
+        const int64_t w = s * 64 + __builtin_ctzll(m);                                            \\
+        uint64_t b = bits[w];                                                                     \\
+        bits[w] = 0;                                                                              \\
+        while (b && e < len) {  /* e < len: never past the row, whatever the bits hold */        \\
+          const int64_t k = w * 64 + __builtin_ctzll(b);                                          \\
+          crd[e] = (I)k; val[e] = wsp[k]; wsp[k] = 0; e++; b &= b - 1;                            \\
+        }                                                                                         \\
       }                                                                                           \\
     }                                                                                             \\
   } else {                                                                                        \\

@@ -589,6 +589,7 @@ def _assemble(plan, ops, size, cdtype, nthreads, out_shape):
         rows *= n
     width = out_shape[-1] if plan.kernels[1].uses_workspace else 0  # in-order rows need no workspace
     marks = torch.full((max(nthreads * width, 1),), -1, dtype=torch.int64)
+    words = (width + 63) // 64  # each thread's bitset over the row's columns
     counts = torch.zeros(rows, dtype=torch.int64)
     _call(plan, plan.kernels[0], ops, size, cdtype, {"nthreads": nthreads, "counts": counts, "marks": marks})
     rowpos = torch.zeros(rows + 1, dtype=torch.int64)
@@ -601,7 +602,7 @@ def _assemble(plan, ops, size, cdtype, nthreads, out_shape):
     _call(plan, plan.kernels[2 if idx == torch.int32 else 1], ops, size, cdtype,
           {"nthreads": nthreads, "rowpos": rowpos, "marks": marks, "list": torch.empty_like(marks),
            "ws": torch.zeros(max(nthreads * width, 1), dtype=cdtype),   # kept zero between rows
-           "bits": torch.zeros(max(nthreads * ((width + 63) // 64), 1), dtype=torch.int64),
+           "bits": torch.zeros(max(nthreads * (words + (words + 63) // 64), 1), dtype=torch.int64),  # + summaries
            "out_crd": crd, "out": vals})
     fmt = preset("csr", len(out_shape))
     n = len(out_shape)

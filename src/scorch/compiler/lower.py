@@ -447,7 +447,10 @@ class _Lowerer:
                     Decl("int64_t * restrict", "lst", _C("list") + _C("tid") * n),
                     Decl(f"{vt} * restrict", "wsp", _C("ws") + _C("tid") * n),
                     Decl("const int64_t", "nwords", words),
-                    Decl("uint64_t * restrict", "bit", _C("bits") + _C("tid") * _C("nwords"))]
+                    # the thread's bitset, then its summary: a bit per word of the bitset
+                    Decl("uint64_t * restrict", "bit",
+                         _C("bits") + _C("tid") * (_C("nwords") + Bin("/", _C("nwords") + Const(63), Const(64)))),
+                    Decl("uint64_t * restrict", "summ", _C("bit") + _C("nwords"))]
         if s.output[0] == "dense" and s.parallel == "buffers":
             numel = Const(1)
             for idx in self.ein.output:
@@ -807,10 +810,12 @@ class _Lowerer:
         # A row whose bitset the read-off will scan (``dense_``, from its count) only sets
         # bits, without a branch; a sparser one lists its columns for the sort.
         one = Bin("<<", Cast("uint64_t", Const(1)), Bin("&", c, Const(63)))
+        word = Bin("<<", Cast("uint64_t", Const(1)), Bin("&", Bin(">>", c, Const(6)), Const(63)))
         listed = If(first, Block((Assign(_C("mark")[c], _C("row")), Assign(_C("lst")[_C("len")], c),
                                   Assign(_C("len"), Const(1), "+="))))
-        return [If(_C("dense_"), Block((Assign(_C("bit")[Bin(">>", c, Const(6))], one, "|="),)), Block((listed,))),
-                Assign(_C("wsp")[c], val, "+=")]
+        marked = Block((Assign(_C("bit")[Bin(">>", c, Const(6))], one, "|="),
+                        Assign(_C("summ")[Bin(">>", c, Const(12))], word, "|=")))
+        return [If(_C("dense_"), marked, Block((listed,))), Assign(_C("wsp")[c], val, "+=")]
 
     def row_start(self, st):
         if self.phase == "compute":
@@ -828,7 +833,7 @@ class _Lowerer:
         if self.phase != "fill" or self.in_order:
             return []
         base = _C("rowpos")[_C("row")]
-        args = (_C("lst"), _C("known_"), _C("bit"), _C("nwords"), _C("wsp"),
+        args = (_C("lst"), _C("known_"), _C("bit"), _C("summ"), _C("nwords"), _C("wsp"),
                 Addr(_C("out_crd"), base), Addr(_C("out"), base))
         return [Eval(Call(f"scorch_row_out_{self.vtype}_{self.out_index}", args))]
 
