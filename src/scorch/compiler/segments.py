@@ -143,11 +143,11 @@ def _runs_interleaved(vtype, log, width, vals, out, e, finish_op):
     return shift, finish
 
 
-def _function(vtype: str, itype: str, log: bool, width: int = 1):
-    key = (vtype, itype, log, width, build.vector_bytes())
+def _load(key, make):
+    """The compiled function of the kernel ``make()`` builds, cached under ``key``."""
     fn = _FNS.get(key)
     if fn is None:
-        k = _kernel(vtype, itype, log, key[-1], width)
+        k = make()
         fn = getattr(build.compile_library(codegen.render(k), tag="segments"), k.name)
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p if p.ctype.endswith("*") else
@@ -155,6 +155,11 @@ def _function(vtype: str, itype: str, log: bool, width: int = 1):
                         else ctypes.c_int64) for p in k.params]
         _FNS[key] = fn
     return fn
+
+
+def _function(vtype: str, itype: str, log: bool, width: int = 1):
+    vbytes = build.vector_bytes()
+    return _load((vtype, itype, log, width, vbytes), lambda: _kernel(vtype, itype, log, vbytes, width))
 
 
 def source(vtype: str = "float", itype: str = "int32_t", log: bool = False, width: int = 1) -> str:
@@ -227,17 +232,6 @@ def _heads_kernel(itype: str) -> Kernel:
     return Kernel(f"entry_heads_{itype}", params, Block((Parallel(Block(region), _C("nthreads")),)))
 
 
-def _loaded(kernel: Kernel):
-    key = (kernel.name, build.vector_bytes())
-    fn = _FNS.get(key)
-    if fn is None:
-        fn = getattr(build.compile_library(codegen.render(kernel), tag="segments"), kernel.name)
-        fn.restype = None
-        fn.argtypes = [ctypes.c_void_p if p.ctype.endswith("*") else ctypes.c_int64 for p in kernel.params]
-        _FNS[key] = fn
-    return fn
-
-
 _ITYPES = {torch.int32: "int32_t", torch.int64: "int64_t"}
 
 
@@ -247,7 +241,9 @@ def parents(pos: torch.Tensor) -> torch.Tensor:
     n, nnz = pos.numel() - 1, int(pos[-1])
     out = torch.empty(nnz, dtype=pos.dtype)
     if nnz:
-        _loaded(_parents_kernel(_ITYPES[pos.dtype]))(build.threads_for(nnz), n, pos.data_ptr(), out.data_ptr())
+        itype = _ITYPES[pos.dtype]
+        _load(("parents", itype), lambda: _parents_kernel(itype))(build.threads_for(nnz), n, pos.data_ptr(),
+                                                                 out.data_ptr())
     return out
 
 
@@ -259,5 +255,7 @@ def heads(pos: torch.Tensor, pad: int) -> torch.Tensor:
     nbytes = (nnz + 7) // 8 + pad
     out = torch.zeros(nbytes, dtype=torch.uint8)
     if n > 0:
-        _loaded(_heads_kernel(_ITYPES[pos.dtype]))(build.threads_for(n), n, nbytes, pos.data_ptr(), out.data_ptr())
+        itype = _ITYPES[pos.dtype]
+        _load(("heads", itype), lambda: _heads_kernel(itype))(build.threads_for(n), n, nbytes, pos.data_ptr(),
+                                                             out.data_ptr())
     return out
