@@ -433,13 +433,14 @@ def stmt(s, ind: str) -> list[str]:
 def segmented_rows(s: SegmentedRows, ind: str) -> list[str]:
     """The AVX-512 block loop (``scorch_seg_block`` in AVX512_PRELUDE) over nnz-balanced parts
     of the rows that the team's threads take as they come free, the row-wise loop over the
-    thread's rows elsewhere.  A chunk wholly inside the coordinate array gathers with ``scorch_gather16``
-    (it reads all its indices), the array's last partial chunk with a masked vgatherdps."""
-    i2 = ind + "        "
-    body = [f"{ind}      const int64_t q0_ = b_ + 32 * l_;",
-            f"{ind}      if (q0_ >= qend_) {{ pa_[l_] = pb_[l_] = _mm512_setzero_ps(); continue; }}",
-            f"{ind}      const int full_ = q0_ + 32 <= {s.ncrd};",
-            f"{ind}      const __mmask16 m0_ = scorch_live16({s.ncrd} - q0_), m1_ = scorch_live16({s.ncrd} - q0_ - 16);"]
+    thread's rows elsewhere.  A chunk wholly inside the coordinate array gathers with
+    ``scorch_gather16`` (it reads all its indices), the array's last partial chunk with a
+    masked vgatherdps."""
+    p, b, c = ind + "    ", ind + "      ", ind + "        "  # the part loop's, block loop's, chunk loop's
+    chunk = [f"{c}const int64_t q0_ = b_ + 32 * l_;",
+             f"{c}if (q0_ >= qend_) {{ pa_[l_] = pb_[l_] = _mm512_setzero_ps(); continue; }}",
+             f"{c}const int full_ = q0_ + 32 <= {s.ncrd};",
+             f"{c}const __mmask16 m0_ = scorch_live16({s.ncrd} - q0_), m1_ = scorch_live16({s.ncrd} - q0_ - 16);"]
     for h, dst in ((0, "pa_"), (1, "pb_")):
         half = [f"const int64_t q_ = q0_ + {16 * h};"]
         for name, kind, array in s.loads:
@@ -448,27 +449,27 @@ def segmented_rows(s: SegmentedRows, ind: str) -> list[str]:
                     f"_mm512_setzero_ps(), m{h}_, _mm512_maskz_loadu_epi32(m{h}_, {s.crd} + q_), {array}, 4)")
             half.append(f"const __m512 {name} = {load};")
         half.append(f"{dst}[l_] = {expr(s.value)};")
-        body += [f"{ind}      {{"] + [i2 + line for line in half] + [f"{ind}      }}"]
+        chunk += [f"{c}{{"] + [c + "  " + line for line in half] + [f"{c}}}"]
     rows = expr(s.rows)
     lb = f"scorch_lower_bound({s.pos}, 0, {rows}, "
     return (["#if defined(__AVX512F__)", f"{ind}{{",
              f"{ind}  const int64_t nnz_ = {s.pos}[{rows}], parts_ = 4 * nthr;",
              f"{ind}  #pragma omp for schedule(dynamic, 1) nowait",
              f"{ind}  for (int64_t part_ = 0; part_ < parts_; part_++) {{",
-             f"{ind}  const int64_t lo_ = {lb}nnz_ * part_ / parts_);",
-             f"{ind}  const int64_t hi_ = part_ == parts_ - 1 ? {rows} : {lb}nnz_ * (part_ + 1) / parts_);",
-             f"{ind}  const int64_t base_ = {s.pos}[lo_], qend_ = {s.pos}[hi_];",
-             f"{ind}  const int64_t first_ = base_ < qend_ ? {s.parents}[base_] : hi_;",
-             f"{ind}  for (int64_t r_ = lo_; r_ < first_; r_++) {s.out}[r_] = 0;  /* empty rows before the first entry */",
-             f"{ind}  __m512 carry_ = _mm512_setzero_ps();",
-             f"{ind}  float buf_[512] __attribute__((aligned(64)));",
-             f"{ind}  for (int64_t b_ = base_; b_ < qend_; b_ += 512) {{",
-             f"{ind}    __m512 pa_[16], pb_[16];",
-             f"{ind}    #pragma GCC unroll 16",
-             f"{ind}    for (int l_ = 0; l_ < 16; l_++) {{"] + body + [f"{ind}    }}",
-             f"{ind}    carry_ = scorch_seg_block(pa_, pb_, buf_, {s.parents}, {s.heads}, {s.pos}, b_, "
+             f"{p}const int64_t lo_ = {lb}nnz_ * part_ / parts_);",
+             f"{p}const int64_t hi_ = part_ == parts_ - 1 ? {rows} : {lb}nnz_ * (part_ + 1) / parts_);",
+             f"{p}const int64_t base_ = {s.pos}[lo_], qend_ = {s.pos}[hi_];",
+             f"{p}const int64_t first_ = base_ < qend_ ? {s.parents}[base_] : hi_;",
+             f"{p}for (int64_t r_ = lo_; r_ < first_; r_++) {s.out}[r_] = 0;  /* empty rows before the first entry */",
+             f"{p}__m512 carry_ = _mm512_setzero_ps();",
+             f"{p}float buf_[512] __attribute__((aligned(64)));",
+             f"{p}for (int64_t b_ = base_; b_ < qend_; b_ += 512) {{",
+             f"{b}__m512 pa_[16], pb_[16];",
+             f"{b}#pragma GCC unroll 16",
+             f"{b}for (int l_ = 0; l_ < 16; l_++) {{"] + chunk + [f"{b}}}",
+             f"{b}carry_ = scorch_seg_block(pa_, pb_, buf_, {s.parents}, {s.heads}, {s.pos}, b_, "
              f"SCORCH_MIN(qend_ - b_, 512), qend_, hi_, {s.out}, carry_);",
-             f"{ind}  }}", f"{ind}  }}", f"{ind}}}", "#else"]
+             f"{p}}}", f"{ind}  }}", f"{ind}}}", "#else"]
             + stmt(s.fallback, ind) + ["#endif"])
 
 
