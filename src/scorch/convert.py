@@ -65,7 +65,7 @@ def _derived(pos: torch.Tensor, what: str, make):
 def _parents(pos):
     from .compiler import build, segments
     if build.have_compiler():
-        return segments.parents(pos)  # a generated kernel: 1M entries 2 ms -> 0.1 ms
+        return segments.parents(pos)  # a generated kernel: 1M entries 1.96 -> 0.7-1.0 ms
     lengths = (pos[1:] - pos[:-1]).to(_I64)
     return torch.repeat_interleave(torch.arange(pos.numel() - 1, dtype=pos.dtype), lengths, output_size=int(pos[-1]))
 
@@ -76,7 +76,7 @@ _HEADS_PAD = 128  # zero bytes past the last entry's byte: a kernel reads 68 byt
 def _heads(pos):
     from .compiler import build, segments
     if build.have_compiler():
-        return segments.heads(pos, _HEADS_PAD)  # a generated kernel: 1M entries 0.46 -> ~0.1 ms
+        return segments.heads(pos, _HEADS_PAD)  # a generated kernel: 1M entries 0.46 -> 0.12 ms
     nnz, starts = int(pos[-1]), pos[:-1].numpy()
     bits = np.zeros((nnz + 7) // 8 * 8 + 8 * _HEADS_PAD, dtype=bool)
     bits[starts[starts < nnz]] = True

@@ -65,7 +65,7 @@ class Case:
     extra: dict = field(default_factory=dict)
 
 
-# ---------------------------------------------------------------- timing (copied from benchmarks/_timing.py, + a budget)
+# ---------------------------------------------------------------- timing (benchmarks/_timing.py re-exports it)
 
 def timeit(fns, repeat: int, budget: float | None = None, warmup: bool = True):
     """Median seconds of each fn, the fns run alternately (fair on a noisy, shared machine),

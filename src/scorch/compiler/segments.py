@@ -43,6 +43,22 @@ _FNS: dict = {}
 SHORT_RUN = 32
 
 
+def _thread_runs(itype: str, start=None) -> tuple:
+    """Declarations of ``lo_t`` / ``hi_t``: this thread's runs ``0 .. n-1`` of ``pos``, the first
+    run starting at or after entry ``start(k)`` for share ``k`` of ``nthr`` (default: an equal
+    share of the stored entries; ``scorch_lower_bound`` over ``pos``), the last thread to ``n``."""
+    pos = _C("pos")
+    wide = Const(1 if itype == "int64_t" else 0)
+    if start is None:
+        def start(k):
+            return Cast("int64_t", pos[_C("n")]) * k / _C("nthr")
+
+    def bound(k):
+        return Call("scorch_lower_bound", (pos, wide, _C("n"), start(k)))
+    return (Decl("int64_t", "lo_t", bound(_C("tid"))), Decl("int64_t", "hi_t", bound(_C("tid") + Const(1))),
+            If(_C("tid").eq(_C("nthr") - Const(1)), Block((Assign(_C("hi_t"), _C("n")),))))
+
+
 def _kernel(vtype: str, itype: str, log: bool, vbytes: int = 64, width: int = 1) -> Kernel:
     """The softmax kernel over runs of ``width`` interleaved columns: value ``q * width + w`` is
     entry ``q`` of column ``w`` (``width > 1``: a dense level under the run's, e.g. the heads of
@@ -68,14 +84,7 @@ def _kernel(vtype: str, itype: str, log: bool, vbytes: int = 64, width: int = 1)
                      Assign(Vec(Addr(e, vq), vtype), Call("scorch_exp_vec_float", (Vec(Addr(out, vq), vtype),))),))),
                  Assign(_C("rest"), _C("v0") + _C("blocks") * Const(lanes))]
     exps.append(For("q", _C("rest"), _C("v1"), Block((Assign(e[q], Call(f"scorch_exp_{vtype}", (out[q],))),))))
-    wide = Const(1 if itype == "int64_t" else 0)
-    grand = Cast("int64_t", pos[_C("n")])
-
-    def bound(k):
-        return Call("scorch_lower_bound", (pos, wide, _C("n"), grand * k / _C("nthr")))
-    region = [Decl("int64_t", "lo_t", bound(_C("tid"))), Decl("int64_t", "hi_t", bound(_C("tid") + Const(1))),
-              If(_C("tid").eq(_C("nthr") - Const(1)), Block((Assign(_C("hi_t"), _C("n")),))),
-              shift, *exps, finish]
+    region = [*_thread_runs(itype), shift, *exps, finish]
     params = (Param("nthreads", "int64_t", ("nthreads",)), Param("n", "int64_t", ("size", "n")),
               Param("pos", f"const {itype} *", ("pos",)), Param("vals", f"const {vtype} *", ("vals",)),
               Param("scale", vtype, ("scale",)), Param("out", f"{vtype} *", ("out",)))
@@ -195,16 +204,9 @@ def softmax(pos: torch.Tensor, vals: torch.Tensor, scale: float = 1.0, log: bool
 def _parents_kernel(itype: str) -> Kernel:
     """``par[q] = r`` for every entry ``q`` of run ``r``; runs split across threads by entries."""
     pos, r, q = _C("pos"), _C("r"), _C("q")
-    wide = Const(1 if itype == "int64_t" else 0)
-    grand = Cast("int64_t", pos[_C("n")])
-
-    def bound(k):
-        return Call("scorch_lower_bound", (pos, wide, _C("n"), grand * k / _C("nthr")))
     fill = For("q", Cast("int64_t", pos[r]), Cast("int64_t", pos[r + Const(1)]),
                Block((Assign(_C("par")[q], Cast(itype, r)),)))
-    region = (Decl("int64_t", "lo_t", bound(_C("tid"))), Decl("int64_t", "hi_t", bound(_C("tid") + Const(1))),
-              If(_C("tid").eq(_C("nthr") - Const(1)), Block((Assign(_C("hi_t"), _C("n")),))),
-              For("r", _C("lo_t"), _C("hi_t"), Block((fill,))))
+    region = (*_thread_runs(itype), For("r", _C("lo_t"), _C("hi_t"), Block((fill,))))
     params = (Param("nthreads", "int64_t", ("nthreads",)), Param("n", "int64_t", ("size", "n")),
               Param("pos", f"const {itype} *", ("pos",)), Param("par", f"{itype} *", ("out",)))
     return Kernel(f"entry_parents_{itype}", params, Block((Parallel(Block(region), _C("nthreads")),)))
@@ -215,13 +217,8 @@ def _heads_kernel(itype: str) -> Kernel:
     every non-empty run.  Each thread owns a range of bytes and takes the runs that start in
     it (``scorch_lower_bound`` over ``pos``), so no two threads write one byte."""
     pos, r, q = _C("pos"), _C("r"), _C("q")
-    wide = Const(1 if itype == "int64_t" else 0)
-
-    def bound(k):  # the first run starting at or after the first entry of byte nbytes * k / nthr
-        return Call("scorch_lower_bound", (pos, wide, _C("n"), Const(8) * (_C("nbytes") * k / _C("nthr"))))
     stored = Cast("uint32_t", q.lt(Cast("int64_t", pos[r + Const(1)])))  # 0 for an empty run: no branch
-    region = (Decl("int64_t", "lo_t", bound(_C("tid"))), Decl("int64_t", "hi_t", bound(_C("tid") + Const(1))),
-              If(_C("tid").eq(_C("nthr") - Const(1)), Block((Assign(_C("hi_t"), _C("n")),))),
+    region = (*_thread_runs(itype, lambda k: Const(8) * (_C("nbytes") * k / _C("nthr"))),  # by bytes of heads
               For("r", _C("lo_t"), _C("hi_t"), Block((
                   Decl("const int64_t", "q", Cast("int64_t", pos[r])),
                   Assign(_C("heads")[Bin(">>", q, Const(3))],
