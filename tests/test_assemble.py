@@ -141,3 +141,29 @@ def test_spgemm_rows_read_off_the_bitset_and_the_sorted_list_alternately(dtype):
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     torch.testing.assert_close(got.to_dense(), A @ B, atol=tol, rtol=tol)
     assert got.nnz == int((A @ B != 0).sum())
+
+
+@pytest.mark.parametrize("eq,shapes,fmts,fmt", [
+    ("ij,jk->ik", ((20, 30), (30, 40)), ("csr", "csr"), None),          # Gustavson's workspace
+    ("ij,jk->ik", ((20, 30), (30, 40)), ("csr", "csr"), "coo"),         # converted as asked
+    ("ij,jk->ik", ((20, 30), (30, 40)), ("csr", "csr"), "dense"),       # a dense output, the plain bound path
+    ("ij,ij->ij", ((20, 30), (20, 30)), ("csr", "dcsr"), None),         # intersection, rows in order
+    ("bij,bjk->bik", ((3, 8, 9), (3, 9, 7)), ("csr", "csr"), None),     # batched
+])
+@pytest.mark.parametrize("index", [torch.int32, torch.int64])
+def test_cached_assembled_calls(eq, shapes, fmts, fmt, index):
+    """The calls after the first of a signature take the bound path (driver._Assembled), each on
+    new operands (other patterns, other nnz) against the dense einsum in float64."""
+    from scorch.compiler import driver
+    for seed in range(4):
+        g = torch.Generator().manual_seed(seed)
+        dense = [torch.randn(s, generator=g) * (torch.rand(s, generator=g) < 0.1 + 0.1 * seed) for s in shapes]
+        ops = [scorch.as_sparse(d, f, index_dtype=index) for d, f in zip(dense, fmts)]
+        got = scorch.einsum(eq, *ops, format=fmt)
+        want = torch.einsum(eq, *[d.double() for d in dense])
+        assert isinstance(got, scorch.SparseTensor) == (fmt != "dense")
+        if fmt is not None and fmt != "dense":
+            assert got.format == scorch.formats.preset(fmt, len(shapes[0]))
+        torch.testing.assert_close((got.to_dense() if fmt != "dense" else got).double(), want, atol=1e-5, rtol=1e-5)
+    bound = driver._BOUND[driver._signature(eq, fmt, tuple(ops), ())]
+    assert isinstance(bound, driver._Bound if fmt == "dense" else driver._Assembled), bound  # dense: no assembly

@@ -48,15 +48,31 @@ CASES = [  # (name, function, sparse result?)
 @pytest.mark.parametrize("name,f,sparse", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("fa,fb", [("csr", "csr"), ("coo", "dcsr"), ("csc", "ell")])
 def test_against_dense(name, f, sparse, fa, fb):
-    a, b, x = rnd(5, 6), rnd(5, 6, seed=1), rnd(5, 6, density=1, seed=2)
-    A, B = scorch.as_sparse(a, fa), scorch.as_sparse(b, fb)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # none of these is a fallback
-        got = f(A, B, x)
-    want = f(a, b, x)
-    assert isinstance(got, scorch.SparseTensor) == sparse, type(got)
-    assert got.shape == want.shape and got.dtype == want.dtype
-    torch.testing.assert_close(dense(got), want)
+    """Three calls on new operands of one signature: the later ones take the cached-call path."""
+    for seed in range(0, 9, 3):
+        a, b, x = rnd(5, 6, seed=seed), rnd(5, 6, seed=seed + 1), rnd(5, 6, density=1, seed=seed + 2)
+        A, B = scorch.as_sparse(a, fa), scorch.as_sparse(b, fb)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # none of these is a fallback
+            got = f(A, B, x)
+        want = f(a, b, x)
+        assert isinstance(got, scorch.SparseTensor) == sparse, type(got)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        torch.testing.assert_close(dense(got), want)
+
+
+@pytest.mark.parametrize("fb", ["csr", "coo"])
+def test_union_and_difference_cached(fb):
+    """a + b and a - b share an equation with a * b: the cached calls keep them apart (each
+    signature's bound call carries its expression, also where it re-formats an operand)."""
+    from scorch.compiler import driver
+    for seed in range(3):
+        a, b = rnd(7, 8, seed=10 + seed), rnd(7, 8, seed=20 + seed)
+        A, B = scorch.as_sparse(a, "csr"), scorch.as_sparse(b, fb)
+        for f in (lambda u, v: u + v, lambda u, v: u - v, lambda u, v: u * v):
+            torch.testing.assert_close(dense(f(A, B)), f(a, b))
+    kinds = {type(v).__name__ for k, v in driver._BOUND.items() if k[0] == "ab,ab->ab" and k[4:6] == (A._sig, B._sig)}
+    assert kinds <= {"_Assembled", "_Slow"} and kinds, kinds
 
 
 def test_union_and_intersection_patterns():

@@ -224,19 +224,27 @@ def einsum(equation: str, *operands, format=None, init=()):
     return run(_signature(equation, format, operands, init), equation, operands, format, init)
 
 
-def run(key, equation: str, operands: tuple, format, init: tuple):
-    """``einsum`` given the call's ``_signature`` (``key``; None: not cacheable)."""
+def run(key, equation: str, operands: tuple, format, init: tuple, expr=None):
+    """``einsum`` given the call's ``_signature`` (``key``; None: not cacheable); ``expr`` as in
+    :func:`evaluate` (then part of ``key``)."""
     bound = _BOUND.get(key) if key is not None else None
     if bound is not None:
         return bound(operands, init)
     ops = _operands(operands)
-    if not any(isinstance(x, SparseTensor) for x in ops) and format in (None, "dense"):
+    if expr is None and not any(isinstance(x, SparseTensor) for x in ops) and format in (None, "dense"):
         out = torch.einsum(equation, *ops)  # all dense: torch's BLAS-backed einsum is the right kernel
         return _add_init(out, init)
-    result = evaluate(equation, ops, format=format, init=init)
+    result = evaluate(equation, ops, format=format, init=init, expr=expr)
     if key is not None and len(_BOUND) < 4096 and build.have_compiler():
-        _BOUND[key] = _Bound.make(equation, ops, format, init)
+        _BOUND[key] = _Bound.make(equation, ops, format, init, expr)
     return result
+
+
+def elementwise(equation: str, operands: tuple, expr):
+    """:func:`evaluate` of an elementwise expression (``a + b`` over ``"ij,ij->ij"``), through
+    the cached-call path when the operands allow."""
+    key = _signature(equation, None, operands)
+    return run(key and key + (str(expr),), equation, operands, None, (), expr)
 
 
 _DENSE_BOUND: dict = {}
@@ -321,9 +329,7 @@ def _signature(equation, format, operands, init=()):
 class _Bound:
     plan: Plan
     fn: object
-    template: list           # argument list with sizes / strides filled in
-    pointers: list           # (slot, operand, kind, level) to fill per call
-    out_slot: int
+    layout: tuple            # how the kernel's arguments are filled, see _layout
     out_shape: tuple
     buffers: bool            # one output buffer per thread, summed after the call
     cdtype: torch.dtype
@@ -334,52 +340,32 @@ class _Bound:
     work: tuple = ()         # (operand, factor): the call's work is max(nnz * factor)
 
     @staticmethod
-    def make(equation, ops, format, init=()):
-        plan, ein, ops2, out_dtype, cdtype = _plan(equation, list(ops), format)
+    def make(equation, ops, format, init=(), expr=None):
+        plan, ein, ops2, out_dtype, cdtype = _plan(equation, list(ops), format, expr)
+        views = ()
         if init:
-            plan, views = _with_init(equation, plan, ein, ops, format, None, init, cdtype)
+            plan, views = _with_init(equation, plan, ein, ops, format, expr, init, cdtype)
             if views is None or any(v.dtype != t.dtype for v, t in zip(views, init)):
-                return _Slow(equation, format)  # added after the kernel, or cast: the general path
+                return _Slow(equation, format, expr)  # added after the kernel, or cast: the general path
         sched = plan.schedule
         ready = all((not isinstance(x, SparseTensor) and y.dtype == cdtype and y.data_ptr() == x.data_ptr())
                     or (isinstance(x, SparseTensor) and spec.sparse and x.format == spec.fmt
                         and x._values.dtype == cdtype)
                     for x, y, spec in zip(ops, ops2, sched.operands))
-        if sched.output[0] == "assemble" or not ready or len(plan.kernels) != 1:
-            return _Slow(equation, format)
+        if not ready:
+            return _Slow(equation, format, expr)
+        size, work = ein.size, _work_factors(ein, ops2)
+        out_shape = tuple(size[c] for c in ein.output)
+        if sched.output[0] == "assemble":
+            width = out_shape[-1] if plan.kernels[1].uses_workspace else 0
+            return _Assembled(tuple(plan.function(k.name) for k in plan.kernels),
+                              tuple(_layout(k, size, ops2) for k in plan.kernels),
+                              out_shape, width, cdtype, out_dtype, format, work)
         kernel = plan.kernels[0]
-        template, pointers, out_slot = [], [], None
-        size = ein.size
-        for slot, p in enumerate(kernel.params):
-            kind = p.role[0]
-            if kind == "size":
-                template.append(size[p.role[1]])
-            elif kind == "stride":
-                template.append(ops2[p.role[1]].stride(p.role[2]))
-            elif kind == "slots":
-                x, k = ops2[p.role[1]], p.role[2]
-                parents = _positions_above(x, k)
-                template.append(0)
-                pointers.append((slot, p.role[1], "slots", k, parents))
-            elif kind == "out":
-                template.append(0)
-                out_slot = slot
-            elif kind == "nthreads":
-                template.append(0)
-                pointers.append((slot, None, "nthreads", None, None))
-            elif kind == "init":
-                template.append(0)
-                pointers.append((slot, p.role[1], "init", None, None))
-            elif kind == "init_stride":
-                template.append(views[p.role[1]].stride(p.role[2]))
-            else:
-                template.append(0)
-                pointers.append((slot, p.role[1], kind, p.role[2] if len(p.role) > 2 else None, None))
         buffers = sched.output[0] == "dense" and sched.parallel == "buffers"
-        return _Bound(plan, plan.function(kernel.name), template, pointers, out_slot,
-                      tuple(size[c] for c in ein.output), buffers, cdtype, out_dtype,
-                      sched.output[1] if sched.output[0] == "pattern" else None, format,
-                      torch.empty if kernel.writes_every_output else torch.zeros, _work_factors(ein, ops2))
+        return _Bound(plan, plan.function(kernel.name), _layout(kernel, size, ops2, views), out_shape, buffers,
+                      cdtype, out_dtype, sched.output[1] if sched.output[0] == "pattern" else None, format,
+                      torch.empty if kernel.writes_every_output else torch.zeros, work)
 
     def __call__(self, ops, init=()):
         args, out, copies = self.arguments(ops, init)
@@ -389,30 +375,94 @@ class _Bound:
         else:
             src = ops[self.pattern]
             result = SparseTensor(src._format, src._shape, src._pos, src._crd, out, nnz=src._nnz)
-        if result.dtype != self.out_dtype:
-            result = result.to(self.out_dtype)
-        if self.format is not None:
-            return result.to_dense() if self.format == "dense" and isinstance(result, SparseTensor) \
-                else result if self.format == "dense" else as_sparse(result, self.format)
-        return result
+        return _finish(result, self.out_dtype, self.format)
 
     def arguments(self, ops, init=()):
         """The kernel's argument list for ``ops``, its freshly allocated output, and the
         number of per-thread output copies in it."""
-        args = self.template.copy()
         nthreads = build.threads_for(_work(self.work, ops))
         copies = nthreads if self.buffers else 1
-        for slot, get in self.getters:
-            args[slot] = get(ops, init, nthreads)
         if self.pattern is None:
             out = self.alloc((copies,) + self.out_shape if copies > 1 else self.out_shape, dtype=self.cdtype)
         else:
             out = self.alloc(ops[self.pattern]._values.numel(), dtype=self.cdtype)
-        args[self.out_slot] = out.data_ptr()
+        args = _arguments(self.layout, ops, init, nthreads)
+        args[self.layout[2]["out"]] = out.data_ptr()
         return args, out, copies
 
-    def __post_init__(self):
-        self.getters = [(slot, _getter(t, kind, k, extra)) for slot, t, kind, k, extra in self.pointers]
+
+@dataclass
+class _Assembled:
+    """The cached-call path of an assembled (CSR-like) result: :func:`_assemble`'s count and
+    fill kernels with every argument but the call's own arrays found at bind time (planning
+    and reading the arguments off the kernels' parameters cost ~0.1 ms a call on Cora)."""
+    fns: tuple               # count, fill writing int64 coordinates, fill writing int32 ones
+    layouts: tuple           # (template, getters, buffer slots) per kernel, see _layout
+    out_shape: tuple
+    width: int               # the per-thread workspace's columns (0: rows come in order)
+    cdtype: torch.dtype
+    out_dtype: torch.dtype
+    format: object
+    work: tuple
+
+    def __call__(self, ops, init=()):
+        nthreads = build.threads_for(_work(self.work, ops))
+
+        def call(k, buffers):
+            self.fns[k](*_arguments(self.layouts[k], ops, init, nthreads, buffers))
+        result = _assemble(call, nthreads, self.out_shape, self.width, self.cdtype)
+        return _finish(result, self.out_dtype, self.format)
+
+
+_BUFFERS = frozenset({"out", "counts", "marks", "rowpos", "list", "ws", "bits", "out_crd"})  # the call's own arrays
+
+
+def _layout(kernel, size, ops, views=()):
+    """How a bound call fills ``kernel``'s arguments: the argument list with sizes and strides
+    filled in (0 elsewhere), ``(slot, get)`` per argument read from the operands at call time
+    (:func:`_getter`), and ``{kind: slot}`` for the call's own arrays (:data:`_BUFFERS`)."""
+    template, getters, buffers = [], [], {}
+    for slot, p in enumerate(kernel.params):
+        kind = p.role[0]
+        if kind == "size":
+            template.append(size[p.role[1]])
+        elif kind == "stride":
+            template.append(ops[p.role[1]].stride(p.role[2]))
+        elif kind == "init_stride":
+            template.append(views[p.role[1]].stride(p.role[2]))
+        else:
+            template.append(0)
+            if kind in _BUFFERS:
+                buffers[kind] = slot
+            else:
+                t, k = (p.role[1:] + (None, None))[:2]
+                extra = _positions_above(ops[t], k) if kind == "slots" else None
+                getters.append((slot, _getter(t, kind, k, extra)))
+    return template, getters, buffers
+
+
+def _arguments(layout, ops, init, nthreads, buffers=None) -> list:
+    """A kernel's argument list from its :func:`_layout`: ``buffers`` maps each of the call's own
+    arrays' kinds to the tensor (other keys are ignored); None: the caller fills those in."""
+    template, getters, slots = layout
+    args = template.copy()
+    for slot, get in getters:
+        args[slot] = get(ops, init, nthreads)
+    if buffers is not None:
+        for kind, slot in slots.items():
+            args[slot] = buffers[kind].data_ptr()
+    return args
+
+
+def _finish(result, out_dtype, format):
+    """A kernel's result in the einsum's dtype and the format asked for."""
+    if result.dtype != out_dtype:
+        result = result.to(out_dtype)
+    if format is None:
+        return result
+    if format == "dense":
+        return result.to_dense() if isinstance(result, SparseTensor) else result
+    return as_sparse(result, format)
 
 
 def _getter(t, kind, k, extra):
@@ -445,9 +495,10 @@ class _Slow:
     """A signature the fast path does not serve: run the general path every time."""
     equation: str
     format: object
+    expr: object = None
 
     def __call__(self, operands, init=()):
-        return evaluate(self.equation, _operands(operands), format=self.format, init=init)
+        return evaluate(self.equation, _operands(operands), format=self.format, init=init, expr=self.expr)
 
 
 def evaluate(equation: str, ops, *, format=None, expr=None, init=()):
@@ -461,15 +512,10 @@ def evaluate(equation: str, ops, *, format=None, expr=None, init=()):
     if not build.have_compiler():
         return _add_init(_torch_fallback(ein, ops, out_dtype, format, expr), init)
     result = _run(plan, ein, ops, cdtype, views or ())
-    if result.dtype != out_dtype:
-        result = result.to(out_dtype)
     if init and not views:
-        result = _add_init(result, init)
-    if format == "dense" and isinstance(result, SparseTensor):
-        return result.to_dense()
-    if format is not None and format != "dense":
-        result = as_sparse(result, format)
-    return result
+        result = _add_init(result.to(out_dtype), init)  # torch's type promotion with the init operands
+        out_dtype = result.dtype
+    return _finish(result, out_dtype, format)
 
 
 def _torch_fallback(ein, ops, out_dtype, format, expr):
@@ -497,48 +543,19 @@ def _prepare(sched, ops):
     return ops
 
 
-def _call(plan, kernel, ops, size, cdtype, extra):
-    keep = []  # tensors whose pointers are passed must outlive the call
+def _in_dtype(ops, cdtype):
+    """The operands with their values in ``cdtype``, the type the kernels compute in."""
+    return [(x if x._values.dtype == cdtype else x._like(values=x._values.to(cdtype), nnz=x._nnz))
+            if isinstance(x, SparseTensor) else x.to(cdtype) for x in ops]
 
-    def ptr(t):
-        t = t.contiguous()
-        keep.append(t)
-        return t.data_ptr()
 
-    args = []
-    for p in kernel.params:
-        kind = p.role[0]
-        if kind == "size":
-            args.append(size[p.role[1]])
-        elif kind in ("pos", "crd"):
-            x = ops[p.role[1]]
-            args.append(ptr(x.pos(p.role[2]) if kind == "pos" else x.crd(p.role[2])))
-        elif kind == "slots":
-            x, k = ops[p.role[1]], p.role[2]
-            parents = _positions_above(x, k)
-            args.append(x.crd(k).numel() // parents if parents else 0)
-        elif kind == "vals":
-            args.append(ptr(ops[p.role[1]].values().detach().to(cdtype)))
-        elif kind == "data":
-            x = ops[p.role[1]].detach()
-            keep.append(x)
-            args.append(x.data_ptr())
-        elif kind == "stride":
-            args.append(ops[p.role[1]].stride(p.role[2]))
-        elif kind == "ncrd":
-            args.append(ops[p.role[1]].crd(p.role[2]).numel())
-        elif kind == "parents":
-            args.append(ptr(convert.entry_parents(ops[p.role[1]]._pos[p.role[2]])))
-        elif kind == "heads":
-            args.append(ptr(convert.entry_heads(ops[p.role[1]]._pos[p.role[2]])))
-        elif kind == "init":
-            args.append(extra["init"][p.role[1]].data_ptr())
-        elif kind == "init_stride":
-            args.append(extra["init"][p.role[1]].stride(p.role[2]))
-        else:
-            v = extra[kind]
-            args.append(v.data_ptr() if isinstance(v, torch.Tensor) else v)
-    plan.function(kernel.name)(*args)
+def _call(plan, kernel, ops, size, extra):
+    """Run ``kernel`` of ``plan`` on operands in the formats and value type it reads
+    (:func:`_prepare`, :func:`_in_dtype`); ``extra``: ``nthreads``, ``init`` (the views the
+    kernel starts from) and the call's own arrays by kind (:data:`_BUFFERS`)."""
+    init = extra.get("init", ())
+    layout = _layout(kernel, size, ops, init)
+    plan.function(kernel.name)(*_arguments(layout, ops, init, extra["nthreads"], extra))
 
 
 def _work_factors(ein: Einsum, ops) -> tuple:
@@ -564,7 +581,7 @@ def _work(factors, ops) -> int:
 
 def _run(plan: Plan, ein: Einsum, ops, cdtype, init=()):
     sched = plan.schedule
-    ops = _prepare(sched, ops)
+    ops = _in_dtype(_prepare(sched, ops), cdtype)
     size = ein.size
     out_shape = tuple(size[c] for c in ein.output)
     nthreads = build.threads_for(_work(_work_factors(ein, ops), ops))
@@ -572,26 +589,29 @@ def _run(plan: Plan, ein: Einsum, ops, cdtype, init=()):
     if sched.output[0] == "dense":
         copies = nthreads if sched.parallel == "buffers" else 1
         out = alloc((copies,) + out_shape, dtype=cdtype)
-        _call(plan, plan.kernels[0], ops, size, cdtype, {"nthreads": nthreads, "out": out, "init": init})
+        _call(plan, plan.kernels[0], ops, size, {"nthreads": nthreads, "out": out, "init": init})
         return out.sum(0) if copies > 1 else out[0]
     if sched.output[0] == "pattern":
         src = ops[sched.output[1]]
         out = alloc(src.values().numel(), dtype=cdtype)
-        _call(plan, plan.kernels[0], ops, size, cdtype, {"nthreads": nthreads, "out": out})
+        _call(plan, plan.kernels[0], ops, size, {"nthreads": nthreads, "out": out})
         return SparseTensor(src.format, src.shape, src._pos, src._crd, out, nnz=src.nnz)
-    return _assemble(plan, ops, size, cdtype, nthreads, out_shape)
+    width = out_shape[-1] if plan.kernels[1].uses_workspace else 0  # in-order rows need no workspace
+    return _assemble(lambda k, buffers: _call(plan, plan.kernels[k], ops, size, {"nthreads": nthreads, **buffers}),
+                     nthreads, out_shape, width, cdtype)
 
 
-def _assemble(plan, ops, size, cdtype, nthreads, out_shape):
-    """Two passes over the same loop nest: nonzeros per output row, then coordinates and values."""
+def _assemble(call, nthreads, out_shape, width, cdtype):
+    """Two passes over the same loop nest: nonzeros per output row, then coordinates and values.
+    ``call(k, buffers)`` runs the plan's kernel ``k`` (0 count, 1 fill writing int64 coordinates,
+    2 int32 ones) given the call's own arrays; ``width``: the per-thread workspace's columns."""
     rows = 1
     for n in out_shape[:-1]:
         rows *= n
-    width = out_shape[-1] if plan.kernels[1].uses_workspace else 0  # in-order rows need no workspace
     marks = torch.full((max(nthreads * width, 1),), -1, dtype=torch.int64)
     words = (width + 63) // 64  # each thread's bitset over the row's columns
     counts = torch.zeros(rows, dtype=torch.int64)
-    _call(plan, plan.kernels[0], ops, size, cdtype, {"nthreads": nthreads, "counts": counts, "marks": marks})
+    call(0, {"counts": counts, "marks": marks})
     rowpos = torch.zeros(rows + 1, dtype=torch.int64)
     torch.cumsum(counts, 0, out=rowpos[1:])
     nnz = int(rowpos[-1])
@@ -599,11 +619,11 @@ def _assemble(plan, ops, size, cdtype, nthreads, out_shape):
     idx = torch.int32 if max(nnz, *out_shape) <= convert._INT32_MAX else torch.int64
     crd = torch.empty(nnz, dtype=idx)   # written in the result's index type: no conversion pass
     vals = torch.empty(nnz, dtype=cdtype)
-    _call(plan, plan.kernels[2 if idx == torch.int32 else 1], ops, size, cdtype,
-          {"nthreads": nthreads, "rowpos": rowpos, "marks": marks, "list": torch.empty_like(marks),
-           "ws": torch.zeros(max(nthreads * width, 1), dtype=cdtype),   # kept zero between rows
-           "bits": torch.zeros(max(nthreads * (words + (words + 63) // 64), 1), dtype=torch.int64),  # + summaries
-           "out_crd": crd, "out": vals})
+    call(2 if idx == torch.int32 else 1,
+         {"rowpos": rowpos, "marks": marks, "list": torch.empty_like(marks),
+          "ws": torch.zeros(max(nthreads * width, 1), dtype=cdtype),   # kept zero between rows
+          "bits": torch.zeros(max(nthreads * (words + (words + 63) // 64), 1), dtype=torch.int64),  # + summaries
+          "out_crd": crd, "out": vals})
     fmt = preset("csr", len(out_shape))
     n = len(out_shape)
     pos = (None,) * (n - 1) + (rowpos.to(idx),)

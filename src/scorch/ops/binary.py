@@ -59,7 +59,7 @@ def binary(op: str, a, b, func, args, kwargs):
 
 
 def _evaluate(op, idx, ops):
-    return driver.evaluate(f"{idx},{idx}->{idx}", driver._operands(ops), expr=Op(op, Access(0, idx), Access(1, idx)))
+    return driver.elementwise(f"{idx},{idx}->{idx}", tuple(ops), Op(op, Access(0, idx), Access(1, idx)))
 
 
 class _Elementwise(torch.autograd.Function):
