@@ -48,16 +48,21 @@ def _einsum(equation: str, operands, format, init):
         out = torch.einsum(equation, *dense)
         return out + sum(init) if init else out
     tensors = operands + init
-    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and _requires_grad(x) for x in tensors):
+    if torch.is_grad_enabled() and _any_requires_grad(tensors):
         return _Einsum.apply(equation, format, len(init), *driver._operands(operands), *init)
     return driver.run(key, equation, operands, format, init)
 
 
-def _requires_grad(x: torch.Tensor) -> bool:
-    if type(x) is torch.Tensor:
-        return x.requires_grad
-    with torch._C.DisableTorchFunctionSubclass():  # no __torch_function__ round trip (hot path)
-        return x.requires_grad
+def _any_requires_grad(tensors) -> bool:
+    for x in tensors:  # a loop, not any() over a generator: this runs on every call
+        if type(x) is torch.Tensor:
+            if x.requires_grad:
+                return True
+        elif isinstance(x, torch.Tensor):
+            with torch._C.DisableTorchFunctionSubclass():  # no __torch_function__ round trip (hot path)
+                if x.requires_grad:
+                    return True
+    return False
 
 
 def decision(equation: str, operands, format=None, key=None) -> runtime.Decision:
