@@ -331,3 +331,18 @@ def test_init_operands_gradients_and_errors():
     assert torch.autograd.gradcheck(lambda H, b, R: einsum_add("ij,jk->ik", (A, H), (b, R)), (H, b, R))
     with pytest.raises(ValueError, match="does not broadcast"):
         einsum_add("ij,jk->ik", (A, H.detach()), (torch.zeros(3),))
+
+
+def test_argument_filler_reads_each_operand():
+    """The generated filler of a bound call sets each argument from its operand (oracle: the
+    operands' own pointers and sizes); an argument kind it does not know is an InternalError."""
+    from scorch.compiler import driver
+    from scorch.errors import InternalError
+    A, x = scorch.as_sparse(torch.eye(3), "csr"), torch.ones(3)
+    fill = driver._filler(((0, "nthreads", None, None, None), (1, "pos", 0, 1, None), (2, "crd", 0, 1, None),
+                           (3, "vals", 0, None, None), (4, "data", 1, None, None), (5, "ncrd", 0, 1, None)))
+    args = [None] * 6
+    fill((A, x), (), 2, args)
+    assert args == [2, A.pos(1).data_ptr(), A.crd(1).data_ptr(), A.values().data_ptr(), x.data_ptr(), 3]
+    with pytest.raises(InternalError, match="bogus"):
+        driver._filler(((0, "bogus", 0, 0, None),))
