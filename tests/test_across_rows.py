@@ -42,6 +42,9 @@ def oracle(T, *vectors):
     return torch.zeros(T.shape[0], dtype=torch.float64).index_add_(0, rows, prod)
 
 
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float64: dict(atol=1e-12, rtol=1e-12)}
+
+
 def spmv(T, x):
     return scorch.einsum("ij,j->i", scorch.as_sparse(T), x)
 
@@ -64,13 +67,14 @@ def test_spmv_plan_uses_the_segmented_scan():
     [16, 16, 0, 32, 31, 1, 0, 33, 15, 17],
 ])
 @pytest.mark.parametrize("nthreads", [1, 2])
-def test_spmv_matches_the_entrywise_sum(lengths, nthreads, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_spmv_matches_the_entrywise_sum(lengths, nthreads, dtype, monkeypatch):
     monkeypatch.setattr(build, "threads_for", lambda work: nthreads)
-    T = csr(lengths, seed=len(lengths))
-    x = torch.randn(128)
+    T = csr(lengths, seed=len(lengths), dtype=dtype)
+    x = torch.randn(128, dtype=dtype)
     got = spmv(T, x)
-    assert got.dtype == torch.float32 and got.shape == (len(lengths),)
-    torch.testing.assert_close(got.double(), oracle(T, x), atol=1e-5, rtol=1e-5)
+    assert got.dtype == dtype and got.shape == (len(lengths),)
+    torch.testing.assert_close(got.double(), oracle(T, x), **TOL[dtype])
 
 
 @pytest.mark.parametrize("lengths", [
@@ -78,23 +82,27 @@ def test_spmv_matches_the_entrywise_sum(lengths, nthreads, monkeypatch):
     [3, 700, 0, 600, 1],                  # rows spanning whole chunks and block ends
     [511, 1, 0, 512, 513, 0, 31, 33],     # ends on and beside block boundaries
     [2] * 300 + [1100] + [0] * 40,        # many rows per block, then one long row, then empty rows
+    [255, 1, 0, 256, 257, 0, 31, 33],     # float64's 256-entry blocks: ends on and beside their boundaries
 ])
 @pytest.mark.parametrize("nthreads", [1, 2, 3])
-def test_spmv_rows_across_blocks(lengths, nthreads, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_spmv_rows_across_blocks(lengths, nthreads, dtype, monkeypatch):
     monkeypatch.setattr(build, "threads_for", lambda work: nthreads)
-    T = csr(lengths, ncols=2048, seed=sum(lengths))
-    x = torch.randn(2048, generator=torch.Generator().manual_seed(5))
-    torch.testing.assert_close(spmv(T, x).double(), oracle(T, x), atol=1e-4, rtol=1e-5)
+    T = csr(lengths, ncols=2048, seed=sum(lengths), dtype=dtype)
+    x = torch.randn(2048, generator=torch.Generator().manual_seed(5), dtype=dtype)
+    tol = dict(atol=1e-4, rtol=1e-5) if dtype == torch.float32 else TOL[dtype]
+    torch.testing.assert_close(spmv(T, x).double(), oracle(T, x), **tol)
 
 
-@given(st.lists(st.integers(0, 70), max_size=80), st.integers(1, 3), st.integers(0, 2**16))
-def test_spmv_any_row_lengths(lengths, nthreads, seed):
-    T = csr(lengths, seed=seed)
-    x = torch.randn(128, generator=torch.Generator().manual_seed(seed))
+@given(st.lists(st.integers(0, 70), max_size=80), st.integers(1, 3), st.integers(0, 2**16),
+       st.sampled_from([torch.float32, torch.float64]))
+def test_spmv_any_row_lengths(lengths, nthreads, seed, dtype):
+    T = csr(lengths, seed=seed, dtype=dtype)
+    x = torch.randn(128, generator=torch.Generator().manual_seed(seed), dtype=dtype)
     from unittest import mock
     with mock.patch.object(build, "threads_for", lambda work: nthreads):
         got = spmv(T, x)
-    torch.testing.assert_close(got.double(), oracle(T, x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.double(), oracle(T, x), **TOL[dtype])
 
 
 def test_rows_never_mix_inf_and_magnitudes():
@@ -114,7 +122,8 @@ def test_rows_never_mix_inf_and_magnitudes():
 
 
 @pytest.mark.parametrize("nthreads", [1, 2])
-def test_lanes_past_a_threads_rows_do_not_leak(nthreads, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_lanes_past_a_threads_rows_do_not_leak(nthreads, dtype, monkeypatch):
     # 6 rows of 10: with two threads, thread 0 takes rows 0-2 (entries 0-29) and its first
     # 32-entry chunk also reads entries 30, 31 of row 3, whose columns hold inf in x: those
     # lanes must reach neither thread 0's rows nor thread 1's (they come after every row end
@@ -122,26 +131,27 @@ def test_lanes_past_a_threads_rows_do_not_leak(nthreads, monkeypatch):
     monkeypatch.setattr(build, "threads_for", lambda work: nthreads)
     crow = torch.arange(0, 61, 10, dtype=torch.int32)
     col = torch.cat([torch.arange(10)] * 3 + [torch.arange(10, 20)] * 3).to(torch.int32)
-    vals = torch.rand(60, generator=torch.Generator().manual_seed(1)) + 0.5
+    vals = torch.rand(60, generator=torch.Generator().manual_seed(1), dtype=dtype) + 0.5
     T = torch.sparse_csr_tensor(crow, col, vals, (6, 20), check_invariants=True)
-    x = torch.randn(20, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(20, generator=torch.Generator().manual_seed(2), dtype=dtype)
     x[10:] = float("inf")
     got = spmv(T, x)
     assert torch.isfinite(got[:3]).all() and (got[3:] == float("inf")).all()
-    torch.testing.assert_close(got[:3].double(), oracle(T, x)[:3], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[:3].double(), oracle(T, x)[:3], **TOL[dtype])
 
 
 @pytest.mark.parametrize("eq, nvec", [("ij->i", 0), ("ij,j,j->i", 2)])
-def test_row_sums_and_two_gathers(eq, nvec):
-    T = csr([0, 7, 33, 1, 1, 0, 64, 2] * 5, seed=3)
-    xs = [torch.randn(128) for _ in range(nvec)]
+@pytest.mark.parametrize("dtype, block", [(torch.float32, "scorch_seg_block("), (torch.float64, "scorch_seg_block_d(")])
+def test_row_sums_and_two_gathers(eq, nvec, dtype, block):
+    T = csr([0, 7, 33, 1, 1, 0, 64, 2] * 5, seed=3, dtype=dtype)
+    xs = [torch.randn(128, dtype=dtype) for _ in range(nvec)]
     plan = scorch.explain(eq, scorch.as_sparse(T), *xs)
-    assert "scorch_seg_block" in plan.source
+    assert block in plan.source.split("void kernel")[-1]
     got = scorch.einsum(eq, scorch.as_sparse(T), *xs)
-    torch.testing.assert_close(got.double(), oracle(T, *xs), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.double(), oracle(T, *xs), **TOL[dtype])
 
 
-@pytest.mark.parametrize("dtype, index", [(torch.float64, torch.int32), (torch.float32, torch.int64)])
+@pytest.mark.parametrize("dtype, index", [(torch.float64, torch.int64), (torch.float32, torch.int64)])
 def test_other_types_keep_the_row_wise_loop(dtype, index):
     T = csr([3, 0, 40, 1, 17], seed=2, dtype=dtype)
     A = scorch.as_sparse(T)

@@ -132,13 +132,15 @@ def test_small_problems_run_on_one_thread(monkeypatch, eq, shapes):
     """Below config.parallel_min_work a kernel gets one thread (no OpenMP wake-up); same results."""
     A = scorch.as_sparse(rnd(*shapes[0]), "csr")
     ops = [A] + [rnd(*s, density=1, seed=k) for k, s in enumerate(shapes[1:])]
-    seen = []
-    monkeypatch.setattr(build, "threads_for", lambda work, f=build.threads_for: seen.append(f(work)) or seen[-1])
+    seen = {}  # min_work -> the thread counts chosen (kernels; the pattern's entry arrays on first use)
+    threads_for = build.threads_for
     for min_work in (10**9, 0):
         monkeypatch.setattr(scorch.config, "parallel_min_work", min_work)
+        monkeypatch.setattr(build, "threads_for",
+                            lambda work, m=min_work: seen.setdefault(m, []).append(threads_for(work)) or seen[m][-1])
         check(eq, *ops)  # the general path, then the cached-call path
         check(eq, *ops)
-    assert set(seen[:len(seen) // 2]) == {1} and set(seen[len(seen) // 2:]) == {build.num_threads()}
+    assert set(seen[10**9]) == {1} and set(seen[0]) == {build.num_threads()}
 
 
 @needs_cc

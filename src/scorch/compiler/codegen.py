@@ -346,6 +346,94 @@ static inline __m512 scorch_seg_block(__m512 *pa, __m512 *pb, float *buf, const 
   }
   return _mm512_permutexvar_ps(_mm512_set1_epi32(15), tail);
 }
+/* The float64 forms: 8 lanes a vector, blocks of 256 entries (8 chunks of 32). */
+static inline __mmask8 scorch_live8(int64_t left) {  /* lanes 0 .. left-1 of 8 */
+  left = left < 0 ? 0 : left > 8 ? 8 : left;
+  return (__mmask8)((1u << left) - 1u);
+}
+static inline __m128d scorch_gather2d(const double *x, const int32_t *c) {
+  uint64_t u;
+  __builtin_memcpy(&u, c, 8);
+  return _mm_loadh_pd(_mm_load_sd(x + (uint32_t)u), x + (u >> 32));
+}
+static inline __m512d scorch_gather8d(const double *x, const int32_t *c) {
+  const __m256d lo = _mm256_set_m128d(scorch_gather2d(x, c + 2), scorch_gather2d(x, c));
+  const __m256d hi = _mm256_set_m128d(scorch_gather2d(x, c + 6), scorch_gather2d(x, c + 4));
+  return _mm512_insertf64x4(_mm512_castpd256_pd512(lo), hi, 1);
+}
+static inline __m512d scorch_seg_up_d(__m512d p, const int d) {  /* lane k <- lane k-d, zeros below */
+  return _mm512_castsi512_pd(_mm512_alignr_epi64(_mm512_castpd_si512(p), _mm512_setzero_si512(), 8 - d));
+}
+static inline __m512d scorch_seg_scan_d(__m512d p, __mmask8 f) {  /* f: segment heads */
+  p = _mm512_mask_add_pd(p, (__mmask8)~f, p, scorch_seg_up_d(p, 1)); f |= (__mmask8)(f << 1);
+  p = _mm512_mask_add_pd(p, (__mmask8)~f, p, scorch_seg_up_d(p, 2)); f |= (__mmask8)(f << 2);
+  return _mm512_mask_add_pd(p, (__mmask8)~f, p, scorch_seg_up_d(p, 4));
+}
+/* In-register transpose of 8 vectors of 8 doubles: r[i] lane j <-> r[j] lane i. */
+static inline void scorch_transpose8d(__m512d *r) {
+  __m512d t[8];
+  for (int i = 0; i < 4; i++) {
+    t[2 * i] = _mm512_unpacklo_pd(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_pd(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; i++)
+    for (int k = 0; k < 2; k++) {
+      r[4 * i + k] = _mm512_shuffle_f64x2(t[4 * i + k], t[4 * i + 2 + k], 0x88);
+      r[4 * i + 2 + k] = _mm512_shuffle_f64x2(t[4 * i + k], t[4 * i + 2 + k], 0xdd);
+    }
+  for (int k = 0; k < 4; k++) {
+    t[k] = _mm512_shuffle_f64x2(r[k], r[4 + k], 0x88);
+    t[4 + k] = _mm512_shuffle_f64x2(r[k], r[4 + k], 0xdd);
+  }
+  for (int k = 0; k < 8; k++) r[k] = t[k];
+}
+/* The float64 block of entries b .. b+nb-1 (nb <= 256): p[4 * l + g] the values of chunk l's
+   entries 8g .. 8g+7, as scorch_seg_block for float32 otherwise (buf: 256 doubles). */
+static inline __m512d scorch_seg_block_d(__m512d *p, double *buf, const int32_t *par, const uint8_t *heads,
+                                         const int32_t *pos, int64_t b, int64_t nb, int64_t qend, int64_t hi,
+                                         double *out, __m512d carry) {
+  __m512d v[32];  /* v[j] lane l: entry j of chunk l */
+  for (int g = 0; g < 4; g++) {
+    __m512d r[8];
+    for (int l = 0; l < 8; l++) r[l] = p[4 * l + g];
+    scorch_transpose8d(r);
+    for (int k = 0; k < 8; k++) v[8 * g + k] = r[k];
+  }
+  const __m256i sh = _mm256_set1_epi32((int32_t)(b & 7));
+  const uint8_t *hb = heads + (b >> 3);
+  const __m256i w = _mm256_or_si256(_mm256_srlv_epi32(_mm256_loadu_si256((const __m256i *)hb), sh),
+                                    _mm256_sllv_epi32(_mm256_loadu_si256((const __m256i *)(hb + 4)),
+                                                      _mm256_sub_epi32(_mm256_set1_epi32(32), sh)));
+  __m512d prev = _mm512_setzero_pd();
+  _Pragma("GCC unroll 32") for (int j = 0; j < 32; j++) {
+    const __mmask8 h = _mm256_test_epi32_mask(w, _mm256_set1_epi32((int32_t)(1u << j)));
+    v[j] = _mm512_mask_add_pd(v[j], (__mmask8)~h, v[j], prev);
+    _mm512_store_pd(buf + 8 * j, v[j]);
+    prev = v[j];
+  }
+  const __mmask8 f = _mm256_test_epi32_mask(w, w);
+  const __m512d inherit = scorch_seg_scan_d(_mm512_castsi512_pd(_mm512_alignr_epi64(_mm512_castpd_si512(prev),
+                                                                _mm512_castpd_si512(carry), 7)),
+                                            (__mmask8)((f << 1) | 1u));
+  const __m512d tail = _mm512_mask_add_pd(prev, (__mmask8)~f, prev, inherit);
+  const int64_t first = par[b], next = b + nb < qend ? par[b + nb] : hi;
+  for (int64_t r = first; r < next; r += 8) {
+    const __mmask8 mr = scorch_live8(next - r);
+    const __m256i s = _mm256_maskz_loadu_epi32(mr, pos + r), e1 = _mm256_maskz_loadu_epi32(mr, pos + r + 1);
+    const __mmask8 stored = _mm256_mask_cmpneq_epi32_mask(mr, s, e1);
+    const __m256i e = _mm256_sub_epi32(e1, _mm256_set1_epi32((int32_t)(b + 1)));
+    const __m256i chunk = _mm256_srli_epi32(e, 5);
+    int32_t at[8] __attribute__((aligned(32)));
+    _mm256_store_si256((__m256i *)at, _mm256_maskz_mov_epi32(stored, _mm256_add_epi32(
+        _mm256_slli_epi32(_mm256_and_si256(e, _mm256_set1_epi32(31)), 3), chunk)));
+    __m512d y = _mm512_maskz_mov_pd(stored, scorch_gather8d(buf, at));
+    const __mmask8 began = _mm256_mask_cmplt_epi32_mask(stored, _mm256_sub_epi32(s, _mm256_set1_epi32((int32_t)b)),
+                                                        _mm256_slli_epi32(chunk, 5));
+    y = _mm512_mask_add_pd(y, began, y, _mm512_permutexvar_pd(_mm512_cvtepu32_epi64(chunk), inherit));
+    _mm512_mask_storeu_pd(out + r, mr, y);
+  }
+  return _mm512_permutexvar_pd(_mm512_set1_epi64(7), tail);
+}
 static inline __m512 scorch_pairsum(__m512 a, __m512 b, __m512i lo, __m512i hi) {
   return _mm512_add_ps(_mm512_permutex2var_ps(a, lo, b), _mm512_permutex2var_ps(a, hi, b));
 }
@@ -436,6 +524,8 @@ def segmented_rows(s: SegmentedRows, ind: str) -> list[str]:
     thread's rows elsewhere.  A chunk wholly inside the coordinate array gathers with
     ``scorch_gather16`` (it reads all its indices), the array's last partial chunk with a
     masked vgatherdps."""
+    if s.vtype == "double":
+        return _segmented_rows_double(s, ind)
     p, b, c = ind + "    ", ind + "      ", ind + "        "  # the part loop's, block loop's, chunk loop's
     chunk = [f"{c}const int64_t q0_ = b_ + 32 * l_;",
              f"{c}if (q0_ >= qend_) {{ pa_[l_] = pb_[l_] = _mm512_setzero_ps(); continue; }}",
@@ -450,6 +540,50 @@ def segmented_rows(s: SegmentedRows, ind: str) -> list[str]:
             half.append(f"const __m512 {name} = {load};")
         half.append(f"{dst}[l_] = {expr(s.value)};")
         chunk += [f"{c}{{"] + [c + "  " + line for line in half] + [f"{c}}}"]
+    return _segmented_parts(s, ind, [
+        f"{p}__m512 carry_ = _mm512_setzero_ps();",
+        f"{p}float buf_[512] __attribute__((aligned(64)));",
+        f"{p}for (int64_t b_ = base_; b_ < qend_; b_ += 512) {{",
+        f"{b}__m512 pa_[16], pb_[16];",
+        f"{b}#pragma GCC unroll 16",
+        f"{b}for (int l_ = 0; l_ < 16; l_++) {{"] + chunk + [f"{b}}}",
+        f"{b}carry_ = scorch_seg_block(pa_, pb_, buf_, {s.parents}, {s.heads}, {s.pos}, b_, "
+        f"SCORCH_MIN(qend_ - b_, 512), qend_, hi_, {s.out}, carry_);",
+        f"{p}}}"])
+
+
+def _segmented_rows_double(s: SegmentedRows, ind: str) -> list[str]:
+    """:func:`segmented_rows` in float64: 8 chunks of 32 entries, four 8-lane vectors each
+    (``scorch_seg_block_d``, ``scorch_gather8d``)."""
+    p, b, c, g = ind + "    ", ind + "      ", ind + "        ", ind + "          "
+    group = [f"const int64_t q_ = q0_ + 8 * g_;", f"const __mmask8 m_ = scorch_live8({s.ncrd} - q_);"]
+    for name, kind, array in s.loads:
+        load = (f"_mm512_maskz_loadu_pd(m_, {array} + q_)" if kind == "vals" else
+                f"full_ ? scorch_gather8d({array}, {s.crd} + q_) : _mm512_mask_i32gather_pd("
+                f"_mm512_setzero_pd(), m_, _mm256_maskz_loadu_epi32(m_, {s.crd} + q_), {array}, 8)")
+        group.append(f"const __m512d {name} = {load};")
+    group.append(f"p_[4 * l_ + g_] = {expr(s.value)};")
+    return _segmented_parts(s, ind, [
+        f"{p}__m512d carry_ = _mm512_setzero_pd();",
+        f"{p}double buf_[256] __attribute__((aligned(64)));",
+        f"{p}for (int64_t b_ = base_; b_ < qend_; b_ += 256) {{",
+        f"{b}__m512d p_[32];",
+        f"{b}#pragma GCC unroll 8",
+        f"{b}for (int l_ = 0; l_ < 8; l_++) {{",
+        f"{c}const int64_t q0_ = b_ + 32 * l_;",
+        f"{c}if (q0_ >= qend_) {{ p_[4 * l_] = p_[4 * l_ + 1] = p_[4 * l_ + 2] = p_[4 * l_ + 3] = _mm512_setzero_pd(); "
+        "continue; }",
+        f"{c}const int full_ = q0_ + 32 <= {s.ncrd};",
+        f"{c}#pragma GCC unroll 4",
+        f"{c}for (int g_ = 0; g_ < 4; g_++) {{"] + [g + line for line in group] + [f"{c}}}", f"{b}}}",
+        f"{b}carry_ = scorch_seg_block_d(p_, buf_, {s.parents}, {s.heads}, {s.pos}, b_, "
+        f"SCORCH_MIN(qend_ - b_, 256), qend_, hi_, {s.out}, carry_);",
+        f"{p}}}"])
+
+
+def _segmented_parts(s: SegmentedRows, ind: str, blocks: list[str]) -> list[str]:
+    """The part loop around a SegmentedRows block loop (``blocks``), either value type."""
+    p = ind + "    "
     rows = expr(s.rows)
     lb = f"scorch_lower_bound({s.pos}, 0, {rows}, "
     return (["#if defined(__AVX512F__)", f"{ind}{{",
@@ -460,17 +594,8 @@ def segmented_rows(s: SegmentedRows, ind: str) -> list[str]:
              f"{p}const int64_t hi_ = part_ == parts_ - 1 ? {rows} : {lb}nnz_ * (part_ + 1) / parts_);",
              f"{p}const int64_t base_ = {s.pos}[lo_], qend_ = {s.pos}[hi_];",
              f"{p}const int64_t first_ = base_ < qend_ ? {s.parents}[base_] : hi_;",
-             f"{p}for (int64_t r_ = lo_; r_ < first_; r_++) {s.out}[r_] = 0;  /* empty rows before the first entry */",
-             f"{p}__m512 carry_ = _mm512_setzero_ps();",
-             f"{p}float buf_[512] __attribute__((aligned(64)));",
-             f"{p}for (int64_t b_ = base_; b_ < qend_; b_ += 512) {{",
-             f"{b}__m512 pa_[16], pb_[16];",
-             f"{b}#pragma GCC unroll 16",
-             f"{b}for (int l_ = 0; l_ < 16; l_++) {{"] + chunk + [f"{b}}}",
-             f"{b}carry_ = scorch_seg_block(pa_, pb_, buf_, {s.parents}, {s.heads}, {s.pos}, b_, "
-             f"SCORCH_MIN(qend_ - b_, 512), qend_, hi_, {s.out}, carry_);",
-             f"{p}}}", f"{ind}  }}", f"{ind}}}", "#else"]
-            + stmt(s.fallback, ind) + ["#endif"])
+             f"{p}for (int64_t r_ = lo_; r_ < first_; r_++) {s.out}[r_] = 0;  /* empty rows before the first entry */"]
+            + blocks + [f"{ind}  }}", f"{ind}}}", "#else"] + stmt(s.fallback, ind) + ["#endif"])
 
 
 def sampled_dots(s: SampledDots, ind: str) -> list[str]:

@@ -231,9 +231,10 @@ class SegmentedRows(Stmt):
     nnz-balanced parts, four per thread, as they come free (a thread woken late takes fewer).
     A block's first row comes from ``parents`` (the row of every stored entry) and its
     segment heads from ``heads`` (a bit per entry: first of its row), so blocks do not wait
-    on each other; ``ncrd`` is the coordinate array's length.  Float32 values and int32
-    indices on AVX-512 targets; ``fallback`` (the row-wise loop over the thread's rows) is
-    compiled elsewhere."""
+    on each other; ``ncrd`` is the coordinate array's length.  Float32 (``vtype`` "float":
+    16 lanes, 512 entries a block) or float64 ("double": 8 lanes, 8 chunks of 32, 256 entries
+    a block) values and int32 indices on AVX-512 targets; ``fallback`` (the row-wise loop over
+    the thread's rows) is compiled elsewhere."""
     pos: str
     crd: str
     parents: str
@@ -244,9 +245,10 @@ class SegmentedRows(Stmt):
     value: Expr
     out: str
     fallback: Stmt
+    vtype: str = "float"
 
     def __str__(self):
-        return (f"segmented rows [0, {self.rows}) of {self.pos}: {self.out}[r] = sum {self.value}\n"
+        return (f"segmented rows [0, {self.rows}) of {self.pos} ({self.vtype}): {self.out}[r] = sum {self.value}\n"
                 "else:\n" + _indent(str(self.fallback)))
 
 

@@ -22,7 +22,7 @@ pattern assembled row by row through a dense workspace in two phases
 
 Two loop nests over a CSR level also get a form that steps over the level's entries
 across row ends (AVX-512 builds; the row-wise nest is kept under ``#else``): a row sum
-(SpMV, ``ij->i``) becomes a segmented scan over blocks of 512 entries
+(SpMV, ``ij->i``) becomes a segmented scan over blocks of 512 entries (256 in float64)
 (:class:`~scorch.compiler.ir.SegmentedRows`), an SDDMM into the operand's pattern becomes
 sixteen dot products per step reduced by one shuffle tree
 (:class:`~scorch.compiler.ir.SampledDots`); both read each entry's row from an array of the
@@ -202,9 +202,10 @@ class _Lowerer:
         if body and isinstance(body[-1], For) and body[-1].lo == _C("lo_t"):
             if self._segmented() is not None:
                 body[-1] = self._segmented_rows(body[-1])
-                notes = ("rows summed 512 stored entries at a time by a segmented scan down 16 transposed "
-                         "32-entry chunks, the block's rows read from the pattern's entry rows (AVX-512 builds; "
-                         "the row-wise loop otherwise)",)
+                lanes = 16 if self.vtype == "float" else 8
+                notes = (f"rows summed {32 * lanes} stored entries at a time by a segmented scan down {lanes} "
+                         "transposed 32-entry chunks, the block's rows read from the pattern's entry rows (AVX-512 "
+                         "builds; the row-wise loop otherwise)",)
             elif self._sampled() is not None:
                 body[-1] = self._sampled_dots(body[-1])
                 every, dots = True, None  # every entry of the pattern, on either path (the fallback zeroes it)
@@ -338,12 +339,12 @@ class _Lowerer:
     def _segmented(self):
         """``{operand: load kind}`` when the loop nest is a row-wise sum over one CSR level
         (``out[i] = sum_j f(A[i,j], x[j], ...)``: SpMV, row sums) that SegmentedRows can run:
-        float32, int32 indices, f made of + - * / over A's values and 1-d dense operands
+        float32 or float64, int32 indices, f made of + - * / over A's values and 1-d dense operands
         indexed by ``j`` with unit stride; None otherwise.  Rows of a few entries (citation
         graphs: 4.5 per row) cost the row-wise loop a mispredicted branch and a horizontal
         sum each; the segmented form has neither."""
         s = self.s
-        if not (self.phase == "compute" and self.vtype == "float" and self.acc_once and not self.n_init
+        if not (self.phase == "compute" and self.vtype in ("float", "double") and self.acc_once and not self.n_init
                 and s.parallel == "rows" and not s.splits and len(s.loop_order) == 2
                 and tuple(self.ein.output) == s.loop_order[:1]):
             return None
@@ -383,7 +384,7 @@ class _Lowerer:
         return SegmentedRows(f"pos{t}_1", f"crd{t}_1", f"par{t}_1", f"hd{t}_1", f"ncrd{t}_1",
                              _C(f"n_{self.s.loop_order[0]}"),
                              tuple((f"v{u}", kind, names[u]) for u, kind in sorted(loads.items())), value, "outp",
-                             loop)
+                             loop, self.vtype)
 
     def _sampled(self):
         """``(factors, scales)`` when the loop nest is an SDDMM over one CSR level that
