@@ -263,6 +263,23 @@ def test_row_wise_paths_without_avx512(without_avx512):
     torch.testing.assert_close(got.values().double(), sddmm_oracle(T, Q, K), atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_spmv_without_avx512vl(dtype, monkeypatch):
+    """AVX-512F without VL (the float64 block reads ymm masks): float32 keeps its block scan,
+    float64 compiles its row-wise loop."""
+    if not build.vector_bytes() >= 64:
+        pytest.skip("no AVX-512 here")
+    from scorch.compiler import driver
+    driver._PLANS.clear(), driver._BOUND.clear()
+    monkeypatch.setenv("SCORCH_CFLAGS", "-mno-avx512vl")
+    try:
+        T = csr([1] * 20 + [0, 3, 40, 0, 17, 2, 300], ncols=512, seed=8, dtype=dtype)
+        x = torch.randn(512, dtype=dtype)
+        torch.testing.assert_close(spmv(T, x).double(), oracle(T, x), **TOL[dtype])
+    finally:
+        driver._PLANS.clear(), driver._BOUND.clear()
+
+
 def test_entry_parents_are_the_rows_and_live_with_the_pattern():
     """SampledDots and SegmentedRows read each entry's row from convert.entry_parents, and
     SegmentedRows each row's first entry from convert.entry_heads: the row coordinates of

@@ -346,6 +346,7 @@ static inline __m512 scorch_seg_block(__m512 *pa, __m512 *pb, float *buf, const 
   }
   return _mm512_permutexvar_ps(_mm512_set1_epi32(15), tail);
 }
+#if defined(__AVX512VL__)  /* the float64 forms read 8 lanes of 32-bit indices and masks from ymm registers */
 /* The float64 forms: 8 lanes a vector, blocks of 256 entries (8 chunks of 32). */
 static inline __mmask8 scorch_live8(int64_t left) {  /* lanes 0 .. left-1 of 8 */
   left = left < 0 ? 0 : left > 8 ? 8 : left;
@@ -434,6 +435,7 @@ static inline __m512d scorch_seg_block_d(__m512d *p, double *buf, const int32_t 
   }
   return _mm512_permutexvar_pd(_mm512_set1_epi64(7), tail);
 }
+#endif
 static inline __m512 scorch_pairsum(__m512 a, __m512 b, __m512i lo, __m512i hi) {
   return _mm512_add_ps(_mm512_permutex2var_ps(a, lo, b), _mm512_permutex2var_ps(a, hi, b));
 }
@@ -586,7 +588,8 @@ def _segmented_parts(s: SegmentedRows, ind: str, blocks: list[str]) -> list[str]
     p = ind + "    "
     rows = expr(s.rows)
     lb = f"scorch_lower_bound({s.pos}, 0, {rows}, "
-    return (["#if defined(__AVX512F__)", f"{ind}{{",
+    target = "defined(__AVX512F__)" + (" && defined(__AVX512VL__)" if s.vtype == "double" else "")
+    return ([f"#if {target}", f"{ind}{{",
              f"{ind}  const int64_t nnz_ = {s.pos}[{rows}], parts_ = 4 * nthr;",
              f"{ind}  #pragma omp for schedule(dynamic, 1) nowait",
              f"{ind}  for (int64_t part_ = 0; part_ < parts_; part_++) {{",
