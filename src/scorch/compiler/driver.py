@@ -496,10 +496,9 @@ def _filler(entries):
     for slot, kind, t, k, per in entries:
         if kind not in _ARG_EXPR:
             raise InternalError(f"driver: no argument expression for {kind!r}")
-        if kind == "slots" and not per:
-            lines.append(f"    args[{int(slot)}] = 0")
-        else:
-            lines.append(f"    args[{int(slot)}] = " + _ARG_EXPR[kind].format(t=int(t or 0), k=int(k or 0), per=int(per or 0)))
+        value = "0" if kind == "slots" and not per else \
+            _ARG_EXPR[kind].format(t=int(t or 0), k=int(k or 0), per=int(per or 0))
+        lines.append(f"    args[{int(slot)}] = {value}")
     scope = {"entry_parents": convert.entry_parents, "entry_heads": convert.entry_heads}
     exec(compile("\n".join(lines), "<scorch argument filler>", "exec"), scope)
     return scope["fill"]
