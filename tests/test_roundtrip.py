@@ -5,6 +5,7 @@ same values (``torch.equal``), the same dtype and the same shape, and the
 stored-entry count must match what the format stores.
 """
 
+import math
 import os
 
 import numpy as np
@@ -786,3 +787,27 @@ def test_nonunique_padded_level_is_rejected():
     # A padded (ELL) level holds one slot per distinct coordinate: nonunique is refused up front.
     with pytest.raises(ValueError, match="padded level is always unique"):
         Format([padded(unique=False), singleton])
+
+
+@pytest.mark.parametrize("ndim", [2, 3])
+@pytest.mark.parametrize("index", [torch.int32, torch.int64])
+def test_to_csr_owns_its_arrays(ndim, index):
+    """COO parts already in CSR order (sorted, no duplicates: no sort, no sum) -> CSR and batched
+    CSR: the result's arrays are its own, so writing into the caller's values or into another
+    tensor's leaves it as it was (oracle: dense copies taken before the writes), and its
+    coordinates are not a view into a larger array."""
+    g = torch.Generator().manual_seed(ndim)
+    shape = (3, 5, 6)[-ndim:]
+    flat = torch.randperm(math.prod(shape), generator=g)[:20].sort().values
+    idx = torch.stack(torch.unravel_index(flat, shape))
+    vals = torch.randn(20, generator=g, dtype=torch.float64)
+    want = torch.zeros(shape, dtype=torch.float64).index_put_(tuple(idx), vals)
+    csr = scorch.sparse_coo(idx, vals, shape, format="csr", index_dtype=index)
+    vals.mul_(3)
+    torch.testing.assert_close(csr.to_dense(), want)
+    coo = scorch.sparse_coo(idx, vals, shape)
+    csr2 = coo.asformat("csr")
+    csr2.values().mul_(2)
+    torch.testing.assert_close(coo.to_dense(), 3 * want)
+    crd = csr.crd(ndim - 1)
+    assert crd.dtype == index and crd.untyped_storage().nbytes() == crd.numel() * crd.element_size()
