@@ -58,6 +58,24 @@ def test_the_path_follows_each_calls_density(threshold, monkeypatch):
         assert bool(runs) == kernel
 
 
+def test_the_path_follows_the_settings_between_calls(monkeypatch):
+    """One signature and density, the dispatch settings changed between calls: each call's path
+    follows the settings of its moment (the per-signature memo of decisions keys on them)."""
+    from scorch.compiler import driver
+    runs = []
+    real = driver.run
+    monkeypatch.setattr(driver, "run", lambda *a: runs.append(a) or real(*a))
+    a, x = rnd(40, 30, density=0.3), rnd(30, 8, density=1)
+    A = scorch.as_sparse(a, "csr")
+    for dispatch, threshold, kernel in [("auto", 0.25, False), ("auto", 0.5, True), ("auto", 0.25, False),
+                                        ("sparse", 0.25, True), ("dense", 0.5, False), ("auto", 0.5, True)]:
+        monkeypatch.setattr(scorch.config, "dispatch", dispatch)
+        monkeypatch.setattr(scorch.config, "dense_threshold", threshold)
+        runs.clear()
+        torch.testing.assert_close(scorch.einsum("ij,jk->ik", A, x), a @ x)
+        assert bool(runs) == kernel, (dispatch, threshold)
+
+
 def test_sparse_results_stay_on_the_sparse_path(threshold):
     A = scorch.as_sparse(rnd(10, 12, density=0.9), "csr")
     plan = scorch.explain("ij,ik,jk->ij", A, rnd(10, 3, density=1), rnd(12, 3, density=1))

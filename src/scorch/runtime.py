@@ -123,6 +123,18 @@ def dense_threshold() -> float:
     return value
 
 
+def densest(ops) -> float:
+    """The densest sparse operand's density, which :func:`decide` goes by; -1 with none (a
+    loop, not generators: this runs on every call)."""
+    density = -1.0
+    for x in ops:
+        if isinstance(x, SparseTensor):
+            d = x.density
+            if d > density:
+                density = d
+    return density
+
+
 def decide(ops, dense_result) -> Decision:
     """Sparse or dense execution for one call (``ops``: the operands as given;
     ``dense_result``: whether the sparse plan's result is dense, a bool or a callable
@@ -130,10 +142,7 @@ def decide(ops, dense_result) -> Decision:
     mode = config.dispatch
     if mode not in ("auto", "sparse", "dense"):
         raise ScorchValueError(f"scorch.config.dispatch must be 'auto', 'sparse' or 'dense', got {mode!r}")
-    density = -1.0  # the densest sparse operand's (a loop, not generators: this runs per call)
-    for x in ops:
-        if isinstance(x, SparseTensor) and x.density > density:
-            density = x.density
+    density = densest(ops)
     if density < 0:
         return Decision("dense", ("no sparse operand",))
     if mode != "auto":

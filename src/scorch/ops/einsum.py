@@ -86,10 +86,28 @@ def _dense_result(equation, ops, format, key=None) -> bool:
     return found
 
 
+_PATHS: dict = {}  # (signature, dispatch and threshold settings, densest operand's density) -> dense path?
+
+
 def _dense_path(equation, operands, format, key=None) -> bool:
-    if config.dispatch == "sparse" or not any(isinstance(x, SparseTensor) for x in operands):
-        return False  # the common cases decide without looking further
-    return decision(equation, operands, format, key).path == "dense"
+    """Whether this call runs dense torch (:func:`runtime.decide`, without building its Decision
+    on every call: 1.5 -> 0.4 us with a sparse operand under SURELY_SPARSE, 1.3 -> 0.6 us else)."""
+    mode = config.dispatch
+    if mode == "sparse":
+        return False
+    density = runtime.densest(operands)
+    if density < 0 or (mode == "auto" and density < runtime.SURELY_SPARSE):
+        return False  # decide's first rules: no sparse operand, or surely sparse
+    if key is None:
+        return decision(equation, operands, format).path == "dense"
+    # decide goes by these alone (the calibration is fixed per thread count, in the signature)
+    memo = (key, mode, config.dense_threshold, density)
+    found = _PATHS.get(memo)
+    if found is None:
+        found = decision(equation, operands, format, key).path == "dense"
+        if len(_PATHS) < 4096:
+            _PATHS[memo] = found
+    return found
 
 
 def explain(equation: str, *operands, format=None):
