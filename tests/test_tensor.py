@@ -302,3 +302,16 @@ def test_from_levels_validates():
     with pytest.raises(ValueError, match="values must be 1-d with 2 entries"):
         SparseTensor.from_levels("csr", (2, 3), [None, torch.tensor([0, 1, 2])], [None, torch.tensor([2, 0])],
                                  torch.tensor([1.]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kernel_results_on_a_pattern_match_the_constructor(dtype):
+    """A kernel's pattern-shaped result (SparseTensor._on_pattern, no storage checks) is the
+    SparseTensor the constructor builds from the same parts: fields, cache-key part, values."""
+    A = scorch.as_sparse(torch.tensor([[0., 1., 0.], [2., 0., 3.]]), "csr")
+    v = torch.arange(3, dtype=dtype) + 1
+    got, want = A._on_pattern(v), scorch.SparseTensor(A._format, A._shape, A._pos, A._crd, v, nnz=A._nnz)
+    assert (got.format, got.shape, got.dtype, got.nnz, got._sig) == (want.format, want.shape, want.dtype, want.nnz,
+                                                                     want._sig)
+    torch.testing.assert_close(got.to_dense(), want.to_dense())
+    assert got.values() is v and not got.requires_grad

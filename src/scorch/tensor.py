@@ -84,6 +84,17 @@ class SparseTensor(torch.Tensor):
             return self._values.numel()
         return convert.count_used(self._format, self._shape, self._pos, self._crd)
 
+    def _on_pattern(self, values: torch.Tensor) -> "SparseTensor":
+        """This tensor's pattern holding ``values``, a fresh contiguous array as long as
+        ``self._values`` (a kernel's pattern-shaped result): the storage is not checked again
+        (1.3 us of a cached SDDMM call's 17 on Cora)."""
+        new = torch.Tensor._make_wrapper_subclass(SparseTensor, torch.Size(self._shape), dtype=values.dtype,
+                                                  device=values.device)
+        new._format, new._shape, new._pos, new._crd = self._format, self._shape, self._pos, self._crd
+        new._values, new._nnz = values, self._nnz
+        new._sig = (self._format, values.dtype) + self._sig[2:]
+        return new
+
     def _like(self, fmt=None, shape=None, pos=None, crd=None, values=None, nnz=None) -> "SparseTensor":
         """A new SparseTensor sharing whatever is not replaced (pass ``nnz`` when the
         pattern is unchanged, to skip recounting)."""

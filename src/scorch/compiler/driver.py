@@ -374,7 +374,7 @@ class _Bound:
             result = out.sum(0) if copies > 1 else out
         else:
             src = ops[self.pattern]
-            result = SparseTensor(src._format, src._shape, src._pos, src._crd, out, nnz=src._nnz)
+            result = src._on_pattern(out)
         return _finish(result, self.out_dtype, self.format)
 
     def arguments(self, ops, init=()):
