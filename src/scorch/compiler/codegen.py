@@ -346,8 +346,9 @@ static inline __m512 scorch_seg_block(__m512 *pa, __m512 *pb, float *buf, const 
   }
   return _mm512_permutexvar_ps(_mm512_set1_epi32(15), tail);
 }
-#if defined(__AVX512VL__)  /* the float64 forms read 8 lanes of 32-bit indices and masks from ymm registers */
-/* The float64 forms: 8 lanes a vector, blocks of 256 entries (8 chunks of 32). */
+/* The float64 forms: 8 lanes a vector, blocks of 256 entries (8 chunks of 32); they read 8 lanes
+   of 32-bit indices and masks from ymm registers, hence AVX-512VL (codegen guards their use). */
+#if defined(__AVX512VL__)
 static inline __mmask8 scorch_live8(int64_t left) {  /* lanes 0 .. left-1 of 8 */
   left = left < 0 ? 0 : left > 8 ? 8 : left;
   return (__mmask8)((1u << left) - 1u);
