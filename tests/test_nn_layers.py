@@ -399,3 +399,18 @@ def test_matches_pyg(name):
     ei = EDGE_INDEX[:, EDGE_INDEX[0] != EDGE_INDEX[1]]  # no existing self-loop: no loop-weight conventions to differ on
     torch.testing.assert_close(ours(x, ei), theirs(x, ei))
 
+
+
+def test_sparse_linear_output_layout_as_documented():
+    """SparseLinear's result for a batch is the transposed view of ``W @ x^T`` (feature dim
+    outermost, as the docstring says), equal to nn.Linear's; ``.contiguous()`` then views freely."""
+    from scorch.nn import SparseLinear
+    lin = torch.nn.Linear(16, 12)
+    layer = SparseLinear.from_dense(lin, mask=torch.rand(12, 16, generator=torch.Generator().manual_seed(0)) < 0.5)
+    x = torch.randn(4, 3, 16)
+    want = torch.nn.functional.linear(x, layer.weight.to_dense(), layer.bias)
+    with torch.no_grad():
+        got = layer(x)
+    torch.testing.assert_close(got, want)
+    assert got.stride() == (3, 1, 12)  # 12 batch rows: the feature dim steps over all of them
+    torch.testing.assert_close(got.contiguous().view(4, 36), want.reshape(4, 36))
