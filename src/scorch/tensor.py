@@ -19,11 +19,12 @@ import torch
 
 from . import convert
 from .errors import ScorchTypeError, ScorchValueError
-from .format import Format, resolve
+from .format import Format, preset, resolve
 
 __all__ = ["SparseTensor"]
 
 _VERSION = 1  # of the pickled form
+_COO2, _CSR2 = preset("coo", 2), preset("csr", 2)
 
 
 class SparseTensor(torch.Tensor):
@@ -189,13 +190,20 @@ class SparseTensor(torch.Tensor):
             return self._like(pos=pos, crd=crd, nnz=self._nnz)
         if convert.is_all_dense(self._format):  # its zeros are not entries: store only nonzeros
             return SparseTensor(fmt, self.shape, *_from_dense_with_width(fmt, self.to_dense(), index_dtype))
-        coords, vals = self.coo()
+        if self.dim() == 2 and self._format == _COO2 and fmt == _CSR2:  # the common one, directly
+            def make(width):
+                return convert.coo_to_csr(self._shape, self._pos, self._crd, self._values, width)
+        else:
+            coords, vals = self.coo()
+
+            def make(width):
+                return convert.build(fmt, self.shape, coords, vals, width)
         try:
-            (pos, crd), values = convert.build(fmt, self.shape, coords, vals, want)
+            (pos, crd), values = make(want)
         except ScorchValueError:
             if index_dtype is not None:
                 raise
-            (pos, crd), values = convert.build(fmt, self.shape, coords, vals, None)
+            (pos, crd), values = make(None)
         return SparseTensor(fmt, self.shape, pos, crd, values)
 
     def to_torch(self) -> torch.Tensor:
