@@ -414,3 +414,13 @@ def test_sparse_linear_output_layout_as_documented():
     torch.testing.assert_close(got, want)
     assert got.stride() == (3, 1, 12)  # 12 batch rows: the feature dim steps over all of them
     torch.testing.assert_close(got.contiguous().view(4, 36), want.reshape(4, 36))
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+def test_gat_duplicate_edges_and_loops_are_one_entry(heads):
+    """An edge_index listing edges twice (and the self-loop (2, 2) twice) gives the pattern of
+    the distinct edges: the dense oracle on the deduplicated adjacency."""
+    layer = randomize(GATConv(5, 3, heads=heads).double())
+    x = feats()
+    doubled = torch.cat([EDGE_INDEX, EDGE_INDEX[:, ::2]], 1)
+    torch.testing.assert_close(layer(x, doubled), gat_oracle(layer, x, dense_adj()))
