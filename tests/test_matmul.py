@@ -109,3 +109,12 @@ def test_linear_layer_with_sparse_weight_trains():
     v, b = P.values().clone().requires_grad_(), rnd(4, density=1).requires_grad_()
     xx = x.clone().requires_grad_()
     assert torch.autograd.gradcheck(lambda v, b, xx: torch.nn.functional.linear(xx, P.with_values(v), b), (v, b, xx))
+
+
+def test_too_many_batch_dims_is_a_clear_error():
+    """More batch dims than the einsum letters reserved for them: a ValueError naming the limit
+    and the operands' dims, never a wrong equation."""
+    A = scorch.as_sparse(torch.eye(2), "csr")
+    x = torch.ones((1,) * 9 + (2, 2))
+    with pytest.raises(ValueError, match="at most 8 batch dims with a sparse operand, got 2-d and 11-d"):
+        A @ x

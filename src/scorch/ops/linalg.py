@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .._dispatch import implements
@@ -13,10 +15,14 @@ from .einsum import einsum, einsum_add
 _BATCH = "abcdefgh"
 
 
+@functools.lru_cache(maxsize=None)
 def _equation(na: int, nb: int) -> str:
-    """The einsum of ``torch.matmul`` for operands of ``na`` and ``nb`` dims."""
+    """The einsum of ``torch.matmul`` for operands of ``na`` and ``nb`` dims (per call: cached)."""
     if na == 0 or nb == 0:
         raise ScorchValueError(f"matmul: both operands need at least 1 dim, got {na}-d and {nb}-d")
+    if max(na, nb) - 2 > len(_BATCH):
+        raise ScorchValueError(f"matmul: at most {len(_BATCH)} batch dims with a sparse operand, got "
+                               f"{na}-d and {nb}-d operands")
     if na == 1 and nb == 1:
         return "j,j->"
     if na == 1:
