@@ -322,7 +322,7 @@ def test_kernel_results_on_a_pattern_match_the_constructor(dtype):
                                         ("csr", (0, 4))])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bool])
 def test_metadata_fast_paths_agree_with_torch(fmt, shape, dtype):
-    """shape / dtype / device / ndim / dim() read the SparseTensor's own fields (no
+    """shape / dtype / device / ndim / dim() / numel() read the SparseTensor's own fields (no
     __torch_function__ round trip): the same answers as torch's own accessors on the wrapper
     (the oracle), after conversions that change dtype, format and shape as well."""
     d = (torch.arange(math.prod(shape)).reshape(shape) % 3).to(dtype)
@@ -330,6 +330,7 @@ def test_metadata_fast_paths_agree_with_torch(fmt, shape, dtype):
     for X in (A, A.double(), A.asformat("coo"), A.to(torch.float32), A.unsqueeze(0)):
         with torch._C.DisableTorchFunctionSubclass():
             want = (torch.Tensor.shape.__get__(X), torch.Tensor.dtype.__get__(X),
-                    torch.Tensor.device.__get__(X), torch.Tensor.ndim.__get__(X), torch.Tensor.dim(X))
-        assert (X.shape, X.dtype, X.device, X.ndim, X.dim()) == want
+                    torch.Tensor.device.__get__(X), torch.Tensor.ndim.__get__(X), torch.Tensor.dim(X),
+                    torch.Tensor.numel(X))
+        assert (X.shape, X.dtype, X.device, X.ndim, X.dim(), X.numel()) == want
         assert type(X.shape) is torch.Size and X.size() == X.shape

@@ -105,7 +105,7 @@ class SparseTensor(torch.Tensor):
             self._values if values is None else values, nnz=nnz)
 
     # ------------------------------------------------------------ metadata
-    # shape, dtype, device, ndim and dim() read the tensor's own fields: torch's would take a
+    # shape, dtype, device, ndim, dim() and numel() read the tensor's own fields: torch's take a
     # __torch_function__ round trip on every access (1.9 us each, 30x a dense tensor's)
     @property
     def shape(self) -> torch.Size:
@@ -125,6 +125,9 @@ class SparseTensor(torch.Tensor):
 
     def dim(self) -> int:
         return len(self._shape)
+
+    def numel(self) -> int:
+        return math.prod(self._shape)
 
     @property
     def format(self) -> Format:
