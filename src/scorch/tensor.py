@@ -155,9 +155,17 @@ class SparseTensor(torch.Tensor):
                 return t.dtype
         return torch.int32  # all-dense storage: no index arrays
 
+    def _needs_grad(self) -> bool:
+        """``requires_grad`` with grad mode on, read without torch's __torch_function__ round
+        trip (2 us a read on a SparseTensor)."""
+        if not torch.is_grad_enabled():
+            return False
+        with torch._C.DisableTorchFunctionSubclass():
+            return self.requires_grad
+
     def values(self) -> torch.Tensor:
         """The stored values (1-d, shares memory with the tensor; differentiable)."""
-        if self.requires_grad and torch.is_grad_enabled():
+        if self._needs_grad():
             from .ops.einsum import Values
             return Values.apply(self)
         return self._values
@@ -189,7 +197,7 @@ class SparseTensor(torch.Tensor):
 
     # ------------------------------------------------------------ conversions
     def to_dense(self, dtype=None, *, masked_grad=None) -> torch.Tensor:
-        if self.requires_grad and torch.is_grad_enabled():
+        if self._needs_grad():
             from .ops.einsum import ToDense
             out = ToDense.apply(self)
             return out if dtype is None else out.to(dtype)

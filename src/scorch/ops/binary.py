@@ -22,7 +22,7 @@ from ..compiler import driver
 from ..compiler.notation import Access, Op
 from ..tensor import SparseTensor
 from ._pattern import project, same_pattern
-from .einsum import einsum
+from .einsum import _any_requires_grad, einsum
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -53,7 +53,7 @@ def binary(op: str, a, b, func, args, kwargs):
     ops = [x if isinstance(x, SparseTensor) else x.expand(shape) for x in (a, b)]
     if op == "*":
         return einsum(f"{idx},{idx}->{idx}", *ops)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in ops):
+    if torch.is_grad_enabled() and _any_requires_grad(ops):
         return _Elementwise.apply(op, idx, *ops)
     return _evaluate(op, idx, ops)
 
