@@ -283,12 +283,8 @@ def coo_to_csr(shape, pos, crd, vals, index_dtype=None):
     """2-d COO storage (preset order: sorted by row, then column, no duplicates -- what
     validation and every builder guarantee) as CSR ``(pos, crd), vals``: the rows' entries
     counted, the columns and values copied (1M entries: 9-12 ms through :func:`build`)."""
-    fmt = preset("csr", 2)
-    rows, cols = crd[0], crd[1]
-    counts = torch.bincount(rows, minlength=shape[0]) if rows.numel() else torch.zeros(shape[0], dtype=_I64)
-    csr_pos = torch.zeros(shape[0] + 1, dtype=_I64)
-    torch.cumsum(counts, 0, out=csr_pos[1:])
-    return _cast_indices(fmt, shape, [None, csr_pos], [None, cols.clone()], index_dtype), vals.clone()
+    pos = [None, _counts_to_pos(crd[0], shape[0])]
+    return _cast_indices(preset("csr", 2), shape, pos, [None, crd[1].clone()], index_dtype), vals.clone()
 
 
 # --------------------------------------------------------------- index width
