@@ -240,3 +240,24 @@ def test_link_names_only_torch_runtime_even_with_hashed_soname(tmp_path, monkeyp
     needed = [line.split("[")[1].rstrip("]") for line in dyn.splitlines() if "(NEEDED)" in line]
     assert [n for n in needed if "omp" in n] == ["libgomp-ab.1"], needed
     assert f"[{tmp_path}]" in dyn  # RUNPATH/RPATH points at the runtime's directory
+
+
+def test_set_signature_passes_every_scalar_kind(env):
+    """Kernel arguments as ctypes passes them (int64_t declared as void * on 64-bit ABIs): a C
+    function copies what it received; oracle: the values given, negative and past 32 bits too."""
+    from scorch.compiler.ir import Param
+    lib = build.compile_library(textwrap.dedent("""
+        #include <stdint.h>
+        void echo(int64_t a, double b, float c, int64_t d, int64_t *out_i, double *out_d) {
+            out_i[0] = a; out_i[1] = d; out_d[0] = b; out_d[1] = c;
+        }
+    """))
+    params = [Param("a", "int64_t", ("size", "i")), Param("b", "double", ("x",)), Param("c", "float", ("x",)),
+              Param("d", "int64_t", ("size", "j")), Param("out_i", "int64_t *", ("out",)),
+              Param("out_d", "double *", ("out",))]
+    build.set_signature(lib.echo, params)
+    out_i, out_d = torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.float64)
+    lib.echo(-5, 0.25, -1.5, 2**40 + 3, out_i.data_ptr(), out_d.data_ptr())
+    assert out_i.tolist() == [-5, 2**40 + 3] and out_d.tolist() == [0.25, -1.5]
+    with pytest.raises(InternalError, match="'q'.*'int32_t'"):
+        build.set_signature(lib.echo, [Param("q", "int32_t", ("size", "i"))])

@@ -348,3 +348,51 @@ def test_argument_filler_reads_each_operand():
     assert args == [2, A.pos(1).data_ptr(), A.crd(1).data_ptr(), A.values().data_ptr(), x.data_ptr(), 3]
     with pytest.raises(InternalError, match="bogus"):
         driver._filler(((0, "bogus", 0, 0, None),))
+
+
+@needs_cc
+@pytest.mark.parametrize("eq,shapes,init_shapes", [
+    ("ij,j->i", [(40, 30), (30,)], []),                         # dense result, rows in parallel
+    ("ij,jk->ik", [(40, 30), (30, 5)], []),                     # SpMM
+    ("ij,i->j", [(40, 30), (40,)], []),                         # scatter: one output copy per thread
+    ("ij,ij->", [(40, 30), (40, 30)], []),                      # a 0-d result
+    ("ij,ik,jk->ij", [(40, 30), (40, 4), (30, 4)], []),         # a result in the sparse operand's pattern
+    ("ij,j->i", [(40, 30), (30,)], [(40,)]),                    # the kernel starts from an init operand
+])
+@pytest.mark.parametrize("min_work", [0, 10**9])
+def test_generated_bound_call_matches_dense(monkeypatch, eq, shapes, init_shapes, min_work):
+    """A cached call runs one generated function (sizes, strides and shape written into it);
+    called again on new operands of the same signature -- new values, a new pattern -- it gives
+    what dense torch gives, on one thread and on several."""
+    from scorch.compiler import driver
+    from scorch.ops.einsum import einsum_add
+    monkeypatch.setattr(scorch.config, "parallel_min_work", min_work)
+    monkeypatch.setattr(scorch.config, "dispatch", "sparse")
+
+    def operands(seed):
+        A = scorch.as_sparse(rnd(*shapes[0], seed=seed), "csr")
+        return [A] + [rnd(*s, density=1, seed=seed + k + 1) for k, s in enumerate(shapes[1:])], \
+            [rnd(*s, density=1, seed=seed + 9) for s in init_shapes]
+
+    ops, init = operands(0)
+    einsum_add(eq, ops, init)
+    bound = driver._BOUND[driver._signature(eq, None, tuple(ops), tuple(init))]
+    assert bound.call.__code__.co_filename == "<scorch bound call>"
+    for seed in (1, 2):
+        ops, init = operands(seed)
+        want = torch.einsum(eq, *[dense_of(o) for o in ops]) + sum(init)
+        got = bound.call(tuple(ops), tuple(init))
+        assert isinstance(got, scorch.SparseTensor) == (eq == "ij,ik,jk->ij")
+        torch.testing.assert_close(dense_of(got), want, rtol=1e-10, atol=1e-10)
+
+
+@needs_cc
+def test_bound_call_converting_the_result_takes_the_method():
+    """A result to convert (``format=``) is not the generated call's: the bound method serves it."""
+    from scorch.compiler import driver
+    A, Q, K = scorch.as_sparse(rnd(9, 8), "csr"), rnd(9, 3, density=1), rnd(8, 3, density=1)
+    for _ in range(2):
+        got = scorch.einsum("ij,ik,jk->ij", A, Q, K, format="dense")
+        torch.testing.assert_close(got, torch.einsum("ij,ik,jk->ij", A.to_dense(), Q, K))
+    bound = driver._BOUND[driver._signature("ij,ik,jk->ij", "dense", (A, Q, K))]
+    assert bound.call == bound.__call__

@@ -26,7 +26,6 @@ per entry that starts its run.
 
 from __future__ import annotations
 
-import ctypes
 
 import torch
 
@@ -158,10 +157,7 @@ def _load(key, make):
     if fn is None:
         k = make()
         fn = getattr(build.compile_library(codegen.render(k), tag="segments"), k.name)
-        fn.restype = None
-        fn.argtypes = [ctypes.c_void_p if p.ctype.endswith("*") else
-                       (ctypes.c_float if p.ctype == "float" else ctypes.c_double if p.ctype == "double"
-                        else ctypes.c_int64) for p in k.params]
+        build.set_signature(fn, k.params)
         _FNS[key] = fn
     return fn
 
