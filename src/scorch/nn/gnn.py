@@ -128,7 +128,7 @@ def _gat_pattern(adj, n: int, add_self_loops: bool, heads: int, dtype):
     row, col, _ = _edges(adj, n, "GATConv")
     keys = row * n + col   # the entries' linear keys: sorted and distinct make storage order
     if not (isinstance(adj, SparseTensor) and adj._format == _CSR2):   # a CSR's already are
-        keys = torch.unique(keys)
+        keys = convert.sorted_unique(keys)
     if add_self_loops:   # key r * n + c is on the diagonal iff it is a multiple of n + 1
         keys = _merge_sorted(keys[keys % (n + 1) != 0], torch.arange(n, dtype=keys.dtype) * (n + 1))
     row = torch.div(keys, n, rounding_mode="floor")

@@ -20,6 +20,7 @@ import math
 import torch
 from torch import nn
 
+from .. import convert
 from ..compiler import build
 from ..compiler.driver import einsum
 from ..errors import ScorchTypeError, ScorchValueError
@@ -109,14 +110,16 @@ class MoE(nn.Module):
         computed by one matmul per expert over its contiguous block of sorted assignments."""
         expert = idx.reshape(-1)
         token = torch.arange(x2.shape[0]).repeat_interleave(self.k)
-        order = torch.argsort(expert, stable=True)
+        order = _by_expert(expert, self.n_experts)
         counts = torch.bincount(expert, minlength=self.n_experts).tolist()
         E = self.E.to(x2.dtype)
         blocks = x2[token[order]].split(counts)
         y = torch.cat([blk @ E[e] for e, blk in enumerate(blocks)])
         if self.bias is not None:
             y = y + self.bias.to(x2.dtype)[expert[order]]
-        return y[torch.argsort(order)]
+        back = torch.empty_like(order)
+        back[order] = torch.arange(order.numel())   # the inverse permutation, without a second sort
+        return y[back]
 
     def _combine_inference(self, x2: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """The forward without autograd, in as few passes over the data as the routing allows.
@@ -129,7 +132,7 @@ class MoE(nn.Module):
         bias and the scatter back to token order happen in one pass over ``Y``."""
         B, k, n_exp = x2.shape[0], self.k, self.n_experts
         expert = idx.reshape(-1)
-        order = torch.argsort(expert, stable=True)
+        order = _by_expert(expert, self.n_experts)
         counts = torch.bincount(expert, minlength=n_exp).tolist()
         xs = x2.index_select(0, order // k if k > 1 else order)
         Y = torch.empty(B * k + n_exp, self.d_out, dtype=x2.dtype)
@@ -173,3 +176,9 @@ class MoE(nn.Module):
         if self.bias is not None:
             y = y + self.bias.to(x2.dtype)
         return torch.einsum("bnh,bn->bh", y, gates).reshape(*x.shape[:-1], self.d_out)
+
+
+def _by_expert(expert: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """The assignments' order sorted by expert, ties in assignment order (``torch.argsort(expert,
+    stable=True)``, 5x faster for 8K assignments: torch's sort costs ~0.4 ms past a few thousand)."""
+    return convert.sort_keys(expert, n_experts)[1]
