@@ -68,6 +68,17 @@ def test_random_einsums_match_torch(problem):
     got = scorch.einsum(eq, *ops)
     assert tuple(got.shape) == tuple(want.shape)
     torch.testing.assert_close(dense(got), want, rtol=1e-9, atol=1e-9)
+    # the same formats, dtypes and shapes again, new values and patterns: the cached-call path
+    ops = [redrawn(x, seed) for seed, x in enumerate(ops)]
+    got = scorch.einsum(eq, *ops)
+    torch.testing.assert_close(dense(got), torch.einsum(eq, *[dense(x) for x in ops]), rtol=1e-9, atol=1e-9)
+
+
+def redrawn(x, seed):
+    """An operand like ``x`` (format, dtype, shape) with other values, about half of them zero."""
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randn(x.shape, generator=g, dtype=x.dtype) * (torch.rand(x.shape, generator=g) < 0.5)
+    return scorch.as_sparse(values, x.format) if isinstance(x, scorch.SparseTensor) else values
 
 
 NAMED = [
