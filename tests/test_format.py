@@ -95,3 +95,20 @@ def test_resolve_rejects_non_formats():
 def test_spec_round_trip():
     for f in [scorch.formats.coo, scorch.formats.bsr(2, 2), Format([dense, padded], order=(1, 0))]:
         assert Format.from_spec(f.to_spec()) == f
+
+
+def test_format_cache_key_follows_equality_and_pickling():
+    """Equal formats share the int that keys the kernel caches, different ones never do; a
+    pickled format gets this process's key and hash back (not the ones it was saved with)."""
+    import pickle
+    csc = scorch.Format([scorch.dense, scorch.compressed], order=(1, 0))
+    assert csc._key == scorch.formats.csc._key and csc._key != scorch.formats.csr._key
+    keys = {f._key for f in (scorch.formats.coo, scorch.formats.csr, scorch.formats.csc, scorch.formats.dcsr,
+                             scorch.formats.ell, scorch.formats.bsr(2, 2))}
+    assert len(keys) == 6
+    saved = pickle.loads(pickle.dumps(csc))
+    object.__setattr__(csc, "_key", -1)          # as if saved by a process that numbered formats otherwise
+    object.__setattr__(csc, "_hash", -1)
+    back = pickle.loads(pickle.dumps(csc))
+    assert back == saved and back._key == saved._key == scorch.formats.csc._key
+    assert hash(back) == hash(scorch.formats.csc)

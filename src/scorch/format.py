@@ -30,6 +30,7 @@ tensor.  BSR is ``[dense, compressed, dense, dense]`` with ``block=(bh, bw)``.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -99,6 +100,10 @@ singleton = Level("singleton")
 padded = Level("padded")
 
 
+_KEYS: dict = {}                     # (levels, order, block) -> the format's cache key
+_KEY_COUNTER = itertools.count()     # next() is atomic: two formats never share a key
+
+
 @dataclass(frozen=True)
 class Format:
     """A storage format: ``levels`` (outer to inner), the mode ``order``
@@ -150,6 +155,9 @@ class Format:
         object.__setattr__(self, "order", order)
         object.__setattr__(self, "block", block)
         object.__setattr__(self, "_hash", hash((levels, order, block)))
+        # an int standing for this format in the kernel caches' keys (equal formats, equal ints):
+        # hashing a Format there took a Python __hash__ call on every kernel call
+        object.__setattr__(self, "_key", _KEYS.setdefault((levels, order, block), next(_KEY_COUNTER)))
 
     def __hash__(self) -> int:  # cached: formats key the kernel caches on every call
         return self._hash
@@ -213,6 +221,10 @@ class Format:
     def from_spec(spec) -> "Format":
         levels, order, block = spec
         return Format(tuple(Level(*lv) for lv in levels), tuple(order), None if block is None else tuple(block))
+
+    def __reduce__(self):
+        # rebuilt through __init__: the cached hash and cache key belong to the process that made them
+        return Format, (self.levels, self.order, self.block)
 
 
 # ---------------------------------------------------------------- presets

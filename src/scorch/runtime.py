@@ -129,7 +129,7 @@ def densest(ops) -> float:
     density = -1.0
     for x in ops:
         if isinstance(x, SparseTensor):
-            d = x.density
+            d = x._density
             if d > density:
                 density = d
     return density

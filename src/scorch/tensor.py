@@ -77,8 +77,10 @@ class SparseTensor(torch.Tensor):
         self._pos, self._crd = tuple(map(contig, pos)), tuple(map(contig, crd))
         self._values = values.contiguous()
         self._nnz = self._count_nnz() if nnz is None else nnz
+        n = math.prod(self._shape)
+        self._density = self._nnz / n if n else 0.0   # read on every dispatch decision
         # the part of a kernel call's cache key this tensor gives (compiler.driver._signature)
-        self._sig = (self._format, self._values.dtype, self._crd_dtype(), self._shape)
+        self._sig = (self._format._key, self._values.dtype, self._crd_dtype(), self._shape)
 
     def _count_nnz(self) -> int:
         if not any(lv.kind == "padded" for lv in self._format.levels):
@@ -92,8 +94,8 @@ class SparseTensor(torch.Tensor):
         new = torch.Tensor._make_wrapper_subclass(SparseTensor, torch.Size(self._shape), dtype=values.dtype,
                                                   device=values.device)
         new._format, new._shape, new._pos, new._crd = self._format, self._shape, self._pos, self._crd
-        new._values, new._nnz = values, self._nnz
-        new._sig = (self._format, values.dtype) + self._sig[2:]
+        new._values, new._nnz, new._density = values, self._nnz, self._density
+        new._sig = (self._format._key, values.dtype) + self._sig[2:]
         return new
 
     def _like(self, fmt=None, shape=None, pos=None, crd=None, values=None, nnz=None) -> "SparseTensor":
@@ -139,8 +141,7 @@ class SparseTensor(torch.Tensor):
 
     @property
     def density(self) -> float:
-        n = math.prod(self._shape)
-        return self._nnz / n if n else 0.0
+        return self._density
 
     def _crd_dtype(self):
         for t in self._crd:
