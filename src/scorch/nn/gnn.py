@@ -127,27 +127,19 @@ def _gat_pattern(adj, n: int, add_self_loops: bool, heads: int, dtype):
     ``n x n`` CSR for one head -- and the coordinates of its stored entries, in storage order."""
     row, col, _ = _edges(adj, n, "GATConv")
     keys = row * n + col   # the entries' linear keys: sorted and distinct make storage order
-    if not (isinstance(adj, SparseTensor) and adj._format == _CSR2):   # a CSR's already are
-        keys = convert.sorted_unique(keys)
     if add_self_loops:   # key r * n + c is on the diagonal iff it is a multiple of n + 1
-        keys = _merge_sorted(keys[keys % (n + 1) != 0], torch.arange(n, dtype=keys.dtype) * (n + 1))
+        keys = torch.cat([keys[keys % (n + 1) != 0], torch.arange(n, dtype=keys.dtype) * (n + 1)])
+    if add_self_loops or not (isinstance(adj, SparseTensor) and adj._format == _CSR2):  # a CSR's are
+        keys = convert.sorted_unique(keys)
     row = torch.div(keys, n, rounding_mode="floor")
     col = keys - row * n
-    A = _csr(row, col, torch.ones(row.numel(), dtype=dtype), n)   # in order: no sort
+    (pos, crd), ones = convert.coo_to_csr((n, n), None, (row, col), torch.ones(row.numel(), dtype=dtype))
+    A = SparseTensor(_CSR2, (n, n), pos, crd, ones)   # in order, in range, distinct: nothing to check
     if heads > 1:   # one head: the plain CSR (its SpMM locates nothing per entry: 1.1-1.5x faster)
         nnz = A._values.numel()
         A = SparseTensor(_HEADS_FORMAT, (n, n, heads), (None, A._pos[1], None), (None, A._crd[1], None),
                          torch.ones(nnz * heads, dtype=dtype), nnz=nnz * heads)
     return A, row, col
-
-
-def _merge_sorted(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The sorted union of two sorted 1-d tensors with no element in common (no sort: each
-    element lands after its own predecessors and the other's smaller elements)."""
-    out = torch.empty(a.numel() + b.numel(), dtype=a.dtype)
-    out[torch.arange(a.numel()) + torch.searchsorted(b, a)] = a
-    out[torch.arange(b.numel()) + torch.searchsorted(a, b)] = b
-    return out
 
 
 _HEADS_FORMAT = Format((dense, compressed, dense))
