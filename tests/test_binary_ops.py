@@ -137,3 +137,52 @@ def test_linalg_gradchecks():
     w, b = Q.values().clone().requires_grad_(), rnd(2, 5, 3, density=1).requires_grad_()
     assert torch.autograd.gradcheck(lambda w, b: torch.bmm(Q.with_values(w), b), (w, b))
     assert torch.autograd.gradcheck(lambda w, b: torch.tensordot(Q.with_values(w), b[0], dims=([2], [0])), (w, b))
+
+
+MEMO_CASES = [  # (name, op, sparse result?): whether f(0) == 0 depends on the scalars, not just the op
+    ("A+1", lambda A: A + 1, False), ("A+0", lambda A: A + 0, True), ("A+True", lambda A: A + True, False),
+    ("A+False", lambda A: A + False, True), ("clamp(min=0)", lambda A: A.clamp(min=0), True),
+    ("clamp(max=0)", lambda A: A.clamp(max=0), True), ("clamp(min=1)", lambda A: A.clamp(min=1), False),
+    ("clamp(max=1)", lambda A: A.clamp(max=1), True), ("clamp(max=-1)", lambda A: A.clamp(max=-1), False), ("pow(0)", lambda A: A.pow(0), False),
+    ("pow(2)", lambda A: A.pow(2), True), ("A+tensor(1)", lambda A: A + torch.tensor(1.0), False),
+    ("A+tensor(0)", lambda A: A + torch.tensor(0.0), True), ("A*2", lambda A: A * 2, True),
+    ("add(1, alpha=0)", lambda A: torch.add(A, 1, alpha=0), True),            # alpha: a keyword at aten level
+    ("add(1, alpha=1)", lambda A: torch.add(A, 1, alpha=1), False),
+    ("sub(2, alpha=0)", lambda A: torch.sub(A, 2, alpha=0), True), ("sub(2)", lambda A: torch.sub(A, 2), False),
+]
+
+
+def test_pointwise_zero_check_remembered_per_scalar_arguments():
+    """The pointwise path remembers per op and scalar arguments whether f(0) == 0 (sparse result)
+    or not (dense): ops differing only in a scalar, or in the keyword it is passed as, each get
+    their own answer, first time and remembered; oracle: the op on the dense tensor."""
+    from scorch.ops import pointwise
+    pointwise._ZERO_PRESERVING.clear()
+    x = rnd(5, 6)
+    A = scorch.as_sparse(x, "csr")
+    for _ in range(2):
+        for name, f, sparse in MEMO_CASES:
+            got = f(A)
+            assert isinstance(got, scorch.SparseTensor) == sparse, name
+            torch.testing.assert_close(dense(got), f(x), msg=name)
+    assert pointwise._ZERO_PRESERVING  # the scalar cases were remembered
+
+
+def test_argument_walks_match_pytree():
+    """map_sparse / leaves walk an op's arguments as torch's pytree does (oracle): SparseTensors
+    inside lists, tuples and dicts replaced, the tensors found in order (a torch.Size, which
+    holds no tensor, stays one leaf), everything else left as is."""
+    from torch.utils import _pytree as pytree
+
+    from scorch._dispatch import leaves, map_sparse
+    A, B = scorch.as_sparse(rnd(3, 4), "csr"), scorch.as_sparse(rnd(3, 4, seed=1), "coo")
+    args = (A, [B, 2.0, (A, None)], torch.Size([3, 4]), "s")
+    kwargs = {"alpha": 2, "other": [B], "dim": (0, 1)}
+    mark = lambda a: ("sparse", a.format.name)  # noqa: E731
+    got = map_sparse(mark, args, kwargs)
+    want = pytree.tree_map(lambda a: mark(a) if isinstance(a, scorch.SparseTensor) else a, (args, kwargs))
+    assert got == want
+    def tensors(xs):
+        return [id(a) for a in xs if isinstance(a, torch.Tensor)]
+    assert tensors(leaves(args, kwargs)) == tensors(pytree.tree_flatten((args, kwargs))[0])
+    assert tensors(leaves(args, kwargs)) == [id(A), id(B), id(A), id(B)]

@@ -18,9 +18,8 @@ pointwise aten ops) run on SparseTensors too, and gradients keep the pattern.
 from __future__ import annotations
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 
-from .._dispatch import dense_fallback, densified, implements, implements_aten, register_pointwise
+from .._dispatch import dense_fallback, densified, implements, implements_aten, leaves, map_sparse, register_pointwise
 from ..errors import NotSupportedError, ScorchValueError
 from ..tensor import SparseTensor
 from ._pattern import project, same_pattern
@@ -31,18 +30,64 @@ def _is_scalar(a) -> bool:
 
 
 def _zero_preserving(func, args, kwargs) -> bool:
-    zeros = tree_map(lambda a: torch.zeros((), dtype=a.dtype) if isinstance(a, SparseTensor) else a, (args, kwargs))
+    """Whether ``func`` gives 0 where every SparseTensor argument is 0 (the others as given),
+    remembered per op and arguments when those are scalars (a 0-d op and three checks: ~20 us)."""
     try:
-        z = func(*zeros[0], **zeros[1])
+        key = (func, _scalar_key(args), _scalar_key(kwargs))
+    except (_NotScalar, TypeError):  # a dense tensor or an unhashable argument: computed every time
+        return _computes_zero(func, args, kwargs)
+    found = _ZERO_PRESERVING.get(key)
+    if found is None:
+        found = _computes_zero(func, args, kwargs)
+        if len(_ZERO_PRESERVING) < 4096:
+            _ZERO_PRESERVING[key] = found
+    return found
+
+
+_ZERO_PRESERVING: dict = {}
+
+
+class _NotScalar(Exception):
+    pass
+
+
+def _scalar_key(x):
+    """A hashable stand-in for an op's arguments: a SparseTensor by its value type, a scalar by
+    its type and value, containers element-wise; any other tensor raises :class:`_NotScalar`."""
+    t = type(x)
+    if t is tuple or t is list:
+        return (t, *[_scalar_key(a) for a in x])
+    if t is dict:
+        return (dict, *sorted((k, _scalar_key(v)) for k, v in x.items()))
+    if isinstance(x, SparseTensor):
+        return (SparseTensor, x._values.dtype)
+    if isinstance(x, torch.Tensor):
+        raise _NotScalar
+    hash(x)  # an unhashable argument: not remembered
+    return (t, x)
+
+
+def _computes_zero(func, args, kwargs) -> bool:
+    zargs, zkwargs = map_sparse(_zero_of, args, kwargs)
+    try:
+        z = func(*zargs, **zkwargs)
     except (RuntimeError, TypeError):
         return False
     z = z[0] if isinstance(z, (tuple, list)) else z
     return isinstance(z, torch.Tensor) and not bool(torch.isnan(z).any()) and bool((z == 0).all())
 
 
+def _zero_of(a: SparseTensor) -> torch.Tensor:
+    return torch.zeros((), dtype=a._values.dtype)
+
+
+def _values_of(a: SparseTensor) -> torch.Tensor:
+    return a._values
+
+
 @register_pointwise
 def pointwise(func, args, kwargs):
-    flat, _ = tree_flatten((args, kwargs))
+    flat = leaves(args, kwargs)
     sparse = [a for a in flat if isinstance(a, SparseTensor)]
     ref = sparse[0]
     shared = all(same_pattern(ref, s) for s in sparse[1:]) and all(
@@ -59,13 +104,15 @@ def pointwise(func, args, kwargs):
                 f"{func.overloadpacket.__name__}: in place on SparseTensors needs operands with the same "
                 "pattern (or scalars); use the out-of-place op")
         return dense_fallback(func, args, kwargs)
-    values = tree_map(lambda a: a._values if isinstance(a, SparseTensor) else a, (args, kwargs))
+    vargs, vkwargs = map_sparse(_values_of, args, kwargs)
     if mutable:
-        func(*values[0], **values[1])
+        func(*vargs, **vkwargs)
         return args[0]
     if not _zero_preserving(func, args, kwargs):
         return densified(func, args, kwargs)  # f(0) != 0: the result is dense by definition
-    out = func(*values[0], **values[1])
+    out = func(*vargs, **vkwargs)
+    if out.shape == ref._values.shape and out.is_contiguous():
+        return ref._on_pattern(out)   # the pattern as it is: nothing to check again
     return ref._like(values=out, nnz=ref._nnz)
 
 
