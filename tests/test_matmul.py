@@ -1,5 +1,8 @@
 """matmul / mm / bmm / @ with SparseTensor operands, against dense torch."""
 
+import contextlib
+import warnings
+
 import pytest
 import torch
 
@@ -118,3 +121,72 @@ def test_too_many_batch_dims_is_a_clear_error():
     x = torch.ones((1,) * 9 + (2, 2))
     with pytest.raises(ValueError, match="at most 8 batch dims with a sparse operand, got 2-d and 11-d"):
         A @ x
+
+
+@contextlib.contextmanager
+def no_fallback():
+    """scorch's dense-fallback warning raised as an error: these ops must run sparse."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*no sparse implementation.*")
+        yield
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "ell"])
+def test_mv_addmv_baddbmm_sparse_addmm_against_dense(fmt):
+    """torch.mv / addmv / baddbmm / sparse.addmm take SparseTensors without densifying;
+    oracle: the same call on dense tensors (beta = 0 ignores a NaN input, as torch does)."""
+    x = rnd(5, 6)
+    x[2] = 0                                                              # an empty row
+    A, v, X = scorch.as_sparse(x, fmt), rnd(6, density=1, seed=1), rnd(6, 3, density=1, seed=2)
+    y, Y = rnd(5, density=1, seed=3), rnd(5, 3, density=1, seed=4)
+    nan = torch.full((5,), float("nan"), dtype=torch.float64)
+    with no_fallback():
+        cases = [(torch.mv(A, v), torch.mv(x, v)), (A.mv(v), x.mv(v)),
+                 (torch.addmv(y, A, v), torch.addmv(y, x, v)),
+                 (torch.addmv(y, A, v, beta=0.5, alpha=-2), torch.addmv(y, x, v, beta=0.5, alpha=-2)),
+                 (torch.addmv(nan, A, v, beta=0), torch.addmv(nan, x, v, beta=0)),
+                 (torch.sparse.addmm(Y, A, X), torch.addmm(Y, x, X)),
+                 (torch.sparse.addmm(Y, A, X, beta=2.0, alpha=0.5), torch.addmm(Y, x, X, beta=2.0, alpha=0.5))]
+        B = scorch.as_sparse(torch.stack([x, 2 * x]), "csf" if fmt == "ell" else fmt)
+        Xb, Yb = rnd(2, 6, 3, density=1, seed=5), rnd(2, 5, 3, density=1, seed=6)
+        cases.append((torch.baddbmm(Yb, B, Xb, beta=0.5, alpha=3), torch.baddbmm(Yb, B.to_dense(), Xb, beta=0.5,
+                                                                               alpha=3)))
+    for got, want in cases:
+        torch.testing.assert_close(dense(got), want)
+    with pytest.raises(ValueError, match="mv: expects a 2-d matrix and a 1-d vector, got 2-d and 2-d"):
+        torch.mv(A, X)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "amax", "amin"])
+@pytest.mark.parametrize("fmt", ["csr", "coo", "csc"])
+def test_sparse_mm_reductions_match_torch_sparse(reduce, fmt):
+    """torch.sparse.mm(A, X, reduce=...) on a SparseTensor; oracle: torch's own CSR kernel."""
+    x = rnd(6, 5)
+    x[1] = 0
+    A, X = scorch.as_sparse(x, fmt), rnd(5, 4, density=1, seed=1)
+    with no_fallback():
+        got = torch.sparse.mm(A, X, reduce=reduce) if reduce != "sum" else torch.sparse.mm(A, X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: "sparse CSR support is in beta"
+        want = torch.sparse.mm(x.to_sparse_csr(), X, reduce=reduce)
+    torch.testing.assert_close(got, want)
+
+
+def test_sparse_mm_and_sampled_addmm_errors_and_sampled_values():
+    """sampled_addmm keeps the input's pattern: alpha * (mat1 @ mat2) + beta * input at its
+    entries (oracle: torch's sampled_addmm on the CSR); bad reduce / operands: clear errors."""
+    x = rnd(5, 6)
+    A, Q, K = scorch.as_sparse(x, "csr"), rnd(5, 3, density=1, seed=1), rnd(3, 6, density=1, seed=2)
+    for beta, alpha in [(1.0, 1.0), (0.0, 2.0), (0.5, -1.0)]:
+        got = torch.sparse.sampled_addmm(A, Q, K, beta=beta, alpha=alpha)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = torch.sparse.sampled_addmm(x.to_sparse_csr(), Q, K, beta=beta, alpha=alpha).to_dense()
+        assert isinstance(got, scorch.SparseTensor) and got.nnz == A.nnz
+        torch.testing.assert_close(got.to_dense(), want)
+    with pytest.raises(ValueError, match="reduce must be 'sum', 'mean', 'amax' or 'amin', got 'max'"):
+        torch.sparse.mm(A, K.t(), reduce="max")
+    with pytest.raises(ValueError, match="needs a 2-d sparse mat1 and a dense mat2"):
+        torch.sparse.mm(A, A, reduce="mean")
+    with pytest.raises(ValueError, match="do not chain"):
+        torch.sparse.mm(A, Q, reduce="amax")

@@ -75,19 +75,100 @@ def bmm(a, b):
     return matmul(a, b)
 
 
-@implements(torch.addmm, torch.Tensor.addmm)
+@implements(torch.mv, torch.Tensor.mv)
+def mv(a, v):
+    """``a @ v`` for a 2-d ``a`` and a 1-d ``v`` (SpMV when ``a`` is sparse)."""
+    if a.dim() != 2 or v.dim() != 1:
+        raise ScorchValueError(f"mv: expects a 2-d matrix and a 1-d vector, got {a.dim()}-d and {v.dim()}-d")
+    return matmul(a, v)
+
+
+@implements(torch.addmm, torch.Tensor.addmm, torch.sparse.addmm)
 def addmm(input, mat1, mat2, *, beta=1, alpha=1):
     """``beta * input + alpha * (mat1 @ mat2)`` (either matrix sparse)."""
+    if mat1.dim() != 2 or mat2.dim() != 2:
+        raise ScorchValueError(f"addmm: expects 2-d matrices, got {mat1.dim()}-d and {mat2.dim()}-d")
+    return _scaled_sum("ij,jk->ik", input, mat1, mat2, beta, alpha)
+
+
+@implements(torch.addmv, torch.Tensor.addmv)
+def addmv(input, mat, vec, *, beta=1, alpha=1):
+    """``beta * input + alpha * (mat @ vec)`` (the matrix sparse: SpMV, starting from ``input``)."""
+    if mat.dim() != 2 or vec.dim() != 1:
+        raise ScorchValueError(f"addmv: expects a 2-d matrix and a 1-d vector, got {mat.dim()}-d and {vec.dim()}-d")
+    return _scaled_sum("ij,j->i", input, mat, vec, beta, alpha)
+
+
+@implements(torch.baddbmm, torch.Tensor.baddbmm)
+def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
+    """``beta * input + alpha * (batch1 @ batch2)`` over 3-d batches."""
+    if batch1.dim() != 3 or batch2.dim() != 3:
+        raise ScorchValueError(f"baddbmm: expects 3-d batches, got {batch1.dim()}-d and {batch2.dim()}-d")
+    return _scaled_sum("bij,bjk->bik", input, batch1, batch2, beta, alpha)
+
+
+def _scaled_sum(equation, input, a, b, beta, alpha):
+    """``beta * input + alpha * einsum(equation, a, b)``, torch's addmm rules: with ``beta == 0``
+    ``input`` is ignored (NaNs too) but still broadcasts; a dense ``input`` with both factors 1
+    starts the kernel's accumulators."""
     if beta == 1 and alpha == 1 and isinstance(input, torch.Tensor) and not is_sparse(input) \
-            and mat1.dim() == 2 and mat2.dim() == 2 and (is_sparse(mat1) or is_sparse(mat2)):
-        return einsum_add("ij,jk->ik", (mat1, mat2), (input,))  # input starts the accumulators
-    prod = mm(mat1, mat2)
+            and (is_sparse(a) or is_sparse(b)):
+        return einsum_add(equation, (a, b), (input,))  # input starts the accumulators
+    prod = einsum(equation, a, b) if (is_sparse(a) or is_sparse(b)) else torch.einsum(equation, a, b)
     if alpha != 1:
         prod = prod * alpha
-    if beta == 0:  # torch ignores input then (even NaNs in it), but keeps its broadcast shape
+    if beta == 0:
         shape = torch.broadcast_shapes(input.shape, prod.shape)
         return prod if tuple(prod.shape) == tuple(shape) else prod.expand(shape)
     return (input if beta == 1 else input * beta) + prod
+
+
+@implements(torch.sparse.mm)
+def sparse_mm(mat1, mat2, reduce="sum"):
+    """``torch.sparse.mm``: ``mat1 @ mat2``; with ``reduce`` ("sum", "mean", "amax", "amin") each
+    output row reduces the products of the stored entries of ``mat1``'s row (a row with none: 0)."""
+    if mat1.dim() != 2 or mat2.dim() != 2:
+        raise ScorchValueError(f"sparse.mm: expects 2-d matrices, got {mat1.dim()}-d and {mat2.dim()}-d")
+    if reduce == "sum":
+        return matmul(mat1, mat2)
+    if reduce not in ("mean", "amax", "amin"):
+        raise ScorchValueError(f"sparse.mm: reduce must be 'sum', 'mean', 'amax' or 'amin', got {reduce!r}")
+    if not isinstance(mat1, SparseTensor) or mat1.format.ndim != 2 or is_sparse(mat2):
+        raise ScorchValueError(f"sparse.mm: reduce={reduce!r} needs a 2-d sparse mat1 and a dense mat2 "
+                               f"(as torch's CSR kernel), got {type(mat1).__name__} and {type(mat2).__name__}")
+    if mat1.shape[1] != mat2.shape[0]:
+        raise ScorchValueError(f"sparse.mm: mat1 {tuple(mat1.shape)} and mat2 {tuple(mat2.shape)} do not chain")
+    rows, cols, vals = _entries(mat1)
+    if reduce == "mean":
+        count = torch.zeros(mat1.shape[0], dtype=mat2.dtype).index_add_(0, rows, torch.ones_like(vals, dtype=mat2.dtype))
+        return matmul(mat1, mat2) / count.clamp(min=1).unsqueeze(1)
+    prods = vals.unsqueeze(1).to(mat2.dtype) * mat2.index_select(0, cols)
+    out = torch.zeros(mat1.shape[0], mat2.shape[1], dtype=prods.dtype)
+    return out.scatter_reduce_(0, rows.unsqueeze(1).expand_as(prods), prods, reduce, include_self=False)
+
+
+@implements(torch.sparse.sampled_addmm)
+def sampled_addmm(input, mat1, mat2, *, beta=1.0, alpha=1.0, out=None):
+    """``torch.sparse.sampled_addmm``: ``alpha * (mat1 @ mat2) + beta * input`` at the stored
+    entries of the sparse ``input`` only (an SDDMM), in ``input``'s pattern."""
+    if out is not None:
+        raise ScorchValueError("sparse.sampled_addmm: out= is not supported with SparseTensor operands")
+    if not isinstance(input, SparseTensor) or input.dim() != 2 or mat1.dim() != 2 or mat2.dim() != 2:
+        raise ScorchValueError("sparse.sampled_addmm: expects a 2-d sparse input and 2-d dense mat1, mat2, got "
+                               f"{type(input).__name__} {input.dim()}-d, {mat1.dim()}-d and {mat2.dim()}-d")
+    pattern = input.with_values(torch.ones_like(input.values()))
+    prod = einsum("ij,ik,kj->ij", pattern, mat1, mat2)
+    values = prod.values() * alpha if alpha != 1 else prod.values()
+    if beta != 0:
+        values = values + (input.values() * beta if beta != 1 else input.values())
+    return input.with_values(values)
+
+
+def _entries(A: SparseTensor):
+    """Rows, columns and values of a 2-d SparseTensor's stored entries (int64 coordinates)."""
+    from ..convert import coords_of
+    coords, vals = coords_of(A.format, A.shape, A._pos, A._crd, A.values())
+    return coords[0], coords[1], vals
 
 
 @implements(torch.nn.functional.linear)
