@@ -388,11 +388,18 @@ def test_generated_bound_call_matches_dense(monkeypatch, eq, shapes, init_shapes
 
 @needs_cc
 def test_bound_call_converting_the_result_takes_the_method():
-    """A result to convert (``format=``) is not the generated call's: the bound method serves it."""
+    """A result to convert (a dense SpMM result asked for as CSR) is not the generated call's:
+    the bound method serves it; a dense result asked for as dense is (row sums)."""
     from scorch.compiler import driver
-    A, Q, K = scorch.as_sparse(rnd(9, 8), "csr"), rnd(9, 3, density=1), rnd(8, 3, density=1)
+    A, X = scorch.as_sparse(rnd(9, 8), "csr"), rnd(8, 3, density=1)
     for _ in range(2):
-        got = scorch.einsum("ij,ik,jk->ij", A, Q, K, format="dense")
-        torch.testing.assert_close(got, torch.einsum("ij,ik,jk->ij", A.to_dense(), Q, K))
-    bound = driver._BOUND[driver._signature("ij,ik,jk->ij", "dense", (A, Q, K))]
+        got = scorch.einsum("ij,jk->ik", A, X, format="csr")
+        assert isinstance(got, scorch.SparseTensor) and got.format == scorch.formats.csr
+        torch.testing.assert_close(got.to_dense(), A.to_dense() @ X)
+        sums = scorch.einsum("ij->i", A, format="dense")
+        assert type(sums) is torch.Tensor
+        torch.testing.assert_close(sums, A.to_dense().sum(1))
+    bound = driver._BOUND[driver._signature("ij,jk->ik", "csr", (A, X))]
     assert bound.call == bound.__call__
+    bound = driver._BOUND[driver._signature("ij->i", "dense", (A,))]
+    assert bound.call.__code__.co_filename == "<scorch bound call>"

@@ -395,9 +395,11 @@ class _Bound:
 def _caller(b: _Bound):
     """``call(ops, init)`` doing all :meth:`_Bound.__call__` does, as one generated function with
     the sizes, strides and shape written into it (an 8x8 SpMV's bound call, kernel included:
-    4.3 -> 3.1 us); None where the result needs a format conversion (``__call__`` serves it)."""
+    4.3 -> 3.1 us); None where the result needs a conversion (``__call__`` serves it)."""
     template, _, slots, entries = b.layout
-    if b.out_dtype != b.cdtype or b.format is not None or set(slots) != {"out"}:
+    dense_result = b.pattern is None   # format="dense" asks nothing more of a dense result
+    if b.out_dtype != b.cdtype or b.format not in (None, "dense") or (b.format and not dense_result) \
+            or set(slots) != {"out"}:
         return None
     args = [repr(int(v)) for v in template]
     for slot, kind, t, k, per in entries:
