@@ -142,3 +142,35 @@ def test_gcn_trains_on_cora(data_dir):
     print(f"GCN on Cora: loss {losses[0]:.3f} -> {losses[-1]:.3f}, test accuracy {acc:.3f}")
     assert all(b < a for a, b in zip(losses[::20], losses[20::20]))  # going down
     assert acc > 0.75, acc
+
+
+VIEWS_AND_COPIES = {  # ops returning a SparseTensor on (or copied from) the input's values
+    "t": lambda A: A.t(), "T": lambda A: A.T, "mT": lambda A: A.mT, "torch.t": lambda A: torch.t(A),
+    "transpose": lambda A: A.transpose(0, 1), "permute": lambda A: A.permute(1, 0),
+    "asformat coo": lambda A: A.asformat("coo"), "asformat csc": lambda A: A.asformat("csc"),
+    "asformat ell": lambda A: A.asformat("ell"), "asformat dcsr": lambda A: A.asformat("dcsr"),
+    "int64 indices": lambda A: A.asformat(A.format, index_dtype=torch.int64),
+    "clone": lambda A: A.clone(), "to float32": lambda A: A.to(torch.float32), "float": lambda A: A.float(),
+}
+
+
+@pytest.mark.parametrize("name", list(VIEWS_AND_COPIES))
+@pytest.mark.parametrize("fmt", ["csr", "ell"])
+def test_views_and_copies_keep_the_gradient(name, fmt):
+    """Transposes, format and dtype conversions and clones of a SparseTensor that requires grad
+    stay in the autograd graph (they returned a tensor without a grad_fn: a gradient silently
+    lost); oracle: gradcheck's finite differences on the stored values."""
+    f = VIEWS_AND_COPIES[name]
+    A = scorch.as_sparse(rnd(4, 5), fmt)
+    weights = torch.arange(20, dtype=torch.float64).view(4, 5)
+
+    def loss(v):
+        y = f(A.with_values(v))
+        assert y.requires_grad and y.grad_fn is not None
+        d = y.to_dense().double()
+        return (d * (weights.t() if d.shape == (5, 4) else weights)).sum()
+    v = A.values().clone().requires_grad_()
+    lossy = "float" in name or "32" in name   # a float32 cast: wider steps, looser match (the loss is linear)
+    assert torch.autograd.gradcheck(loss, (v,), eps=1e-2 if lossy else 1e-6, atol=1e-3 if lossy else 1e-8)
+    with torch.no_grad():
+        assert f(A.requires_grad_()).grad_fn is None   # no graph where none is wanted

@@ -186,6 +186,9 @@ class Format:
 
     def permuted(self, perm: Sequence[int]) -> "Format":
         """The format of this tensor's storage seen as ``x.permute(perm)`` (no data moves)."""
+        return _permuted(self, tuple(perm))
+
+    def _permuted(self, perm: tuple) -> "Format":
         n = self.ndim
         inv = [0] * n
         for new, old in enumerate(perm):
@@ -225,6 +228,12 @@ class Format:
     def __reduce__(self):
         # rebuilt through __init__: the cached hash and cache key belong to the process that made them
         return Format, (self.levels, self.order, self.block)
+
+
+@functools.lru_cache(maxsize=1024)
+def _permuted(fmt: Format, perm: tuple) -> Format:
+    """:meth:`Format.permuted`, remembered (a transpose built and validated a Format each time)."""
+    return fmt._permuted(perm)
 
 
 # ---------------------------------------------------------------- presets

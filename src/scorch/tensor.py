@@ -220,7 +220,9 @@ class SparseTensor(torch.Tensor):
             if want == self.index_dtype:
                 return self
             pos, crd = convert.recast(fmt, self.shape, self._pos, self._crd, want)
-            return self._like(pos=pos, crd=crd, nnz=self._nnz)
+            return self._keep_grad(self._like(pos=pos, crd=crd, nnz=self._nnz))
+        if self._needs_grad():  # the entries' positions travel through the conversion instead of values
+            return self._gathered(self.detach()._positions().asformat(fmt, index_dtype=index_dtype))
         if convert.is_all_dense(self._format):  # its zeros are not entries: store only nonzeros
             return SparseTensor(fmt, self.shape, *_from_dense_with_width(fmt, self.to_dense(), index_dtype))
         if self.dim() == 2 and self._format == _COO2 and fmt == _CSR2:  # the common one, directly
@@ -278,7 +280,10 @@ class SparseTensor(torch.Tensor):
             crd = tuple(None if t is None else t.to(device) for t in crd)
         if values is self._values and pos is self._pos and not copy:
             return self
-        return self._like(pos=pos, crd=crd, values=values, nnz=self._nnz)
+        out = self._like(pos=pos, crd=crd, values=values, nnz=self._nnz)
+        if self._needs_grad():  # the cast in the graph: values() -> cast -> this pattern
+            return out.with_values(self.values().to(device=device, dtype=dtype, non_blocking=non_blocking, copy=copy))
+        return out
 
     def double(self, memory_format=None):
         return self.to(torch.float64)
@@ -294,8 +299,9 @@ class SparseTensor(torch.Tensor):
 
     def clone(self, *, memory_format=None) -> "SparseTensor":
         clone = lambda t: None if t is None else t.clone()  # noqa: E731
-        return self._like(pos=tuple(map(clone, self._pos)), crd=tuple(map(clone, self._crd)),
-                          values=self._values.clone(), nnz=self._nnz)
+        out = self._like(pos=tuple(map(clone, self._pos)), crd=tuple(map(clone, self._crd)),
+                         values=self._values.clone(), nnz=self._nnz)
+        return out.with_values(self.values().clone()) if self._needs_grad() else out
 
     def detach(self) -> "SparseTensor":
         return self._like(values=self._values.detach(), nnz=self._nnz)
@@ -318,7 +324,28 @@ class SparseTensor(torch.Tensor):
         if sorted(perm) != list(range(n)):
             raise ScorchValueError(f"permute: dims must be a permutation of 0..{n - 1}, got {tuple(dims)}")
         shape = tuple(self.shape[p] for p in perm)
-        return self._like(fmt=self._format.permuted(perm), shape=shape, nnz=self._nnz)
+        return self._keep_grad(self._like(fmt=self._format.permuted(perm), shape=shape, nnz=self._nnz))
+
+    def _keep_grad(self, view: "SparseTensor") -> "SparseTensor":
+        """``view`` (this tensor's values in the same order, under another format, shape or index
+        width) in the autograd graph when this tensor requires grad: its values are ours."""
+        return view.with_values(self.values()) if self._needs_grad() else view
+
+    def _positions(self) -> "SparseTensor":
+        """This pattern holding 1, 2, ... (float64): each stored entry's position in the values
+        array plus one, so that a conversion shows where every entry went (0: padding)."""
+        ids = torch.zeros(self._values.numel(), dtype=torch.float64)
+        _, _, where = convert.coords_of(self._format, self._shape, self._pos, self._crd, self._values,
+                                        positions=True)
+        ids[where] = (where + 1).to(torch.float64)
+        return self._like(values=ids, nnz=self._nnz)
+
+    def _gathered(self, moved: "SparseTensor") -> "SparseTensor":
+        """``moved`` (a conversion of :meth:`_positions`) holding this tensor's values where its
+        entries went, zeros in padding: differentiable w.r.t. this tensor."""
+        values = self.values()
+        source = torch.cat([values.new_zeros(1), values])
+        return moved.with_values(source[moved._values.long()])
 
     def transpose(self, dim0: int, dim1: int) -> "SparseTensor":
         n = self.dim()
