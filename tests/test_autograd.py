@@ -1,6 +1,8 @@
 """Autograd: gradients w.r.t. dense operands and the values of sparse operands (gradcheck,
 float64), sparse parameters under torch optimizers, and a GCN that trains on Cora."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -174,3 +176,61 @@ def test_views_and_copies_keep_the_gradient(name, fmt):
     assert torch.autograd.gradcheck(loss, (v,), eps=1e-2 if lossy else 1e-6, atol=1e-3 if lossy else 1e-8)
     with torch.no_grad():
         assert f(A.requires_grad_()).grad_fn is None   # no graph where none is wanted
+
+
+NORMS = {
+    "norm": lambda A: A.norm(), "norm p=1": lambda A: torch.norm(A, p=1), "norm dim": lambda A: A.norm(dim=1),
+    "norm keepdim": lambda A: torch.norm(A, keepdim=True), "vector_norm": lambda A: torch.linalg.vector_norm(A),
+    "vector_norm inf": lambda A: torch.linalg.vector_norm(A, float("inf")),
+    "vector_norm -inf": lambda A: torch.linalg.vector_norm(A, float("-inf")),
+    "vector_norm 3 dim": lambda A: torch.linalg.vector_norm(A, 3, dim=0), "linalg.norm": lambda A: torch.linalg.norm(A),
+    "linalg.norm fro": lambda A: torch.linalg.norm(A, "fro"), "linalg.norm nuc": lambda A: torch.linalg.norm(A, "nuc"),
+    "linalg.norm dim": lambda A: torch.linalg.norm(A, dim=1),
+}
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_norms_and_their_gradients_match_dense(name):
+    """Norms of a SparseTensor (torch's backward of a norm wrote into its sparse input in place
+    and failed); oracle: the norm of the dense tensor and its gradient at the stored entries."""
+    f = NORMS[name]
+    D = torch.tensor([[1.0, 0, -3, 0], [2, 3, 0, 0], [0, 0, 0, 4]], dtype=torch.float64)
+    A, Ad = scorch.as_sparse(D, "csr").requires_grad_(), D.clone().requires_grad_()
+    y, want = f(A), f(Ad)
+    torch.testing.assert_close(y, want)
+    w = torch.arange(1, want.numel() + 1, dtype=torch.float64).view(want.shape)
+    (g,), (gd,) = torch.autograd.grad((y * w).sum(), A), torch.autograd.grad((want * w).sum(), Ad)
+    assert isinstance(g, scorch.SparseTensor)
+    torch.testing.assert_close(g.to_dense(), gd * (D != 0))
+    E = scorch.as_sparse(torch.zeros(2, 3, dtype=torch.float64), "csr")   # no entries: 0, as dense
+    torch.testing.assert_close(f(E), f(torch.zeros(2, 3, dtype=torch.float64)))
+
+
+@pytest.mark.parametrize("how", ["requires_grad_", "setter", "Parameter", "constructor"])
+def test_dense_gradients_reach_a_sparse_leaf_in_its_pattern(how):
+    """exp (f(0) != 0) runs on the dense tensor, and torch's gradient for it is dense; a sparse
+    leaf still receives its gradient in its pattern (accumulated with a sparse one), and an
+    optimizer steps its stored values.  Oracle: the dense tensor's gradient at the stored entries."""
+    D = torch.tensor([[1.0, 0, 3, 0], [2, 3, 0, 0], [0, 0, 0, 4]], dtype=torch.float64)
+    A = scorch.as_sparse(D, "csr")
+    if how == "requires_grad_":
+        A.requires_grad_()
+    elif how == "setter":
+        A.requires_grad = True
+    elif how == "Parameter":
+        A = torch.nn.Parameter(A)
+    else:
+        A = scorch.SparseTensor(A.format, A.shape, A._pos, A._crd, A._values.clone(), requires_grad=True)
+    x = torch.arange(4, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # exp of a SparseTensor: computed on the dense tensor, by design
+        loss = torch.exp(A).sum() + (A @ x).sum()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # summing the sparse and the dense gradient is no fallback
+        loss.backward()
+    Dg = D.clone().requires_grad_()
+    (torch.exp(Dg).sum() + (Dg @ x).sum()).backward()
+    assert isinstance(A.grad, scorch.SparseTensor) and A.grad.nnz == A.nnz
+    torch.testing.assert_close(A.grad.to_dense(), Dg.grad * (D != 0))
+    torch.optim.SGD([A], lr=0.1).step()
+    torch.testing.assert_close(A.detach().to_dense(), (D - 0.1 * Dg.grad) * (D != 0))

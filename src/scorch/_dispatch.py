@@ -42,6 +42,20 @@ def implements_aten(*ops):
     return register
 
 
+@implements(torch.Tensor.requires_grad_)
+def _requires_grad_(self, requires_grad=True):
+    with torch._C.DisableTorchFunctionSubclass():
+        self.requires_grad_(requires_grad)
+    if requires_grad and isinstance(self, SparseTensor):
+        self._grads_keep_pattern()
+    return self
+
+
+@implements(torch.Tensor.requires_grad.__set__)   # x.requires_grad = True
+def _set_requires_grad(self, requires_grad):
+    _requires_grad_(self, requires_grad)
+
+
 def torch_function(func, types, args, kwargs):
     impl = _FUNCTIONS.get(func)
     if impl is not None:

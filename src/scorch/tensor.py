@@ -13,7 +13,9 @@ shape, dtype, device and ``requires_grad`` are those of the sparse tensor.
 
 from __future__ import annotations
 
+import functools
 import math
+import weakref
 
 import torch
 
@@ -51,7 +53,18 @@ class SparseTensor(torch.Tensor):
         self._format = fmt
         self._shape = tuple(shape)  # plain tuple: internal code reads it without a torch-function hop
         self._set_storage(tuple(pos), tuple(crd), values, nnz)
+        if requires_grad:
+            self._grads_keep_pattern()
         return self
+
+    def _grads_keep_pattern(self) -> None:
+        """On a leaf that requires grad: a hook giving a dense gradient this tensor's pattern (the
+        gradient of an op that ran on the dense tensor, e.g. ``exp``, is dense; every scorch op's
+        is in the pattern, and an optimizer updates the stored values in place)."""
+        if getattr(self, "_pattern_hook", False) or self.grad_fn is not None:
+            return
+        self.register_hook(functools.partial(_grad_in_pattern, weakref.ref(self)))
+        self._pattern_hook = True
 
     @classmethod
     def from_levels(cls, format, shape, pos, crd, values) -> "SparseTensor":
@@ -461,6 +474,14 @@ def _wrap_dim(d, n: int, op: str) -> int:
 def _from_dense_with_width(fmt, x, index_dtype):
     (pos, crd), values = convert.from_dense(fmt, x, index_dtype)
     return pos, crd, values
+
+
+def _grad_in_pattern(ref, grad):
+    x = ref()
+    if x is None or grad is None or isinstance(grad, SparseTensor):
+        return grad
+    from .ops._pattern import project
+    return x._like(values=project(grad, x).to(x._values.dtype), nnz=x._nnz)
 
 
 def _rebuild_sparse(version, spec, shape, pos, crd, values, requires_grad):

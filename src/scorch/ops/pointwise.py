@@ -103,6 +103,9 @@ def pointwise(func, args, kwargs):
             raise NotSupportedError(
                 f"{func.overloadpacket.__name__}: in place on SparseTensors needs operands with the same "
                 "pattern (or scalars); use the out-of-place op")
+        if any(isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor) and not _is_scalar(a) for a in flat):
+            # sparse + dense (autograd summing a sparse and a dense gradient): dense by definition
+            return densified(func, args, kwargs)
         return dense_fallback(func, args, kwargs)
     vargs, vkwargs = map_sparse(_values_of, args, kwargs)
     if mutable:

@@ -196,3 +196,43 @@ def softmax(x, dim=None, *args, dtype=None, **kwargs):
 @implements(torch.log_softmax, torch.Tensor.log_softmax, torch.nn.functional.log_softmax, torch.sparse.log_softmax)
 def log_softmax(x, dim=None, *args, dtype=None, **kwargs):
     return _softmax(x, dim, True, dtype, "log_softmax")
+
+
+# ------------------------------------------------------------------ norms
+
+def _norm(x: SparseTensor, ord, dim, keepdim: bool, dtype, dense_norm):
+    """An entrywise ``ord``-norm over every dim (``ord > 0``: the absent zeros add nothing) from
+    the stored values; any other norm from the dense tensor (``dense_norm(dense)``).  Both
+    differentiable, the gradient in ``x``'s pattern (torch's own backward of a norm wrote into
+    its sparse input in place)."""
+    if dim is None and isinstance(ord, (int, float)) and not isinstance(ord, bool) and ord > 0:
+        values = x.values() if dtype is None else x.values().to(dtype)
+        out = torch.linalg.vector_norm(values, ord) if values.numel() else values.new_zeros(())
+        return out.reshape((1,) * x.dim()) if keepdim else out
+    return dense_norm(x.to_dense())
+
+
+@implements(torch.norm, torch.Tensor.norm)
+def norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
+    if out is not None:
+        raise ScorchValueError("norm: out= is not supported with a SparseTensor input")
+    ord = 2 if p in ("fro", None) else p
+    return _norm(input, ord, dim, keepdim, dtype,
+                 lambda d: torch.norm(d, p=p, dim=dim, keepdim=keepdim, dtype=dtype))
+
+
+@implements(torch.linalg.vector_norm)
+def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
+    if out is not None:
+        raise ScorchValueError("linalg.vector_norm: out= is not supported with a SparseTensor input")
+    return _norm(x, ord, dim, keepdim, dtype,
+                 lambda d: torch.linalg.vector_norm(d, ord, dim, keepdim, dtype=dtype))
+
+
+@implements(torch.linalg.norm)
+def linalg_norm(A, ord=None, dim=None, keepdim=False, *, out=None, dtype=None):
+    if out is not None:
+        raise ScorchValueError("linalg.norm: out= is not supported with a SparseTensor input")
+    entrywise = 2 if dim is None and (ord is None or (ord == "fro" and A.dim() == 2)) else None
+    return _norm(A, entrywise, dim, keepdim, dtype,
+                 lambda d: torch.linalg.norm(d, ord, dim, keepdim, dtype=dtype))
