@@ -186,3 +186,16 @@ def test_argument_walks_match_pytree():
         return [id(a) for a in xs if isinstance(a, torch.Tensor)]
     assert tensors(leaves(args, kwargs)) == tensors(pytree.tree_flatten((args, kwargs))[0])
     assert tensors(leaves(args, kwargs)) == [id(A), id(B), id(A), id(B)]
+
+
+@pytest.mark.parametrize("name", ["abs_", "neg_", "relu_", "sqrt_ of abs"])
+def test_in_place_pointwise_ops_keep_the_pattern(name):
+    """In-place pointwise ops update the stored values (abs_ too, which aten leaves untagged);
+    oracle: the op on the dense tensor."""
+    ops = {"abs_": torch.Tensor.abs_, "neg_": torch.Tensor.neg_, "relu_": torch.relu_,
+           "sqrt_ of abs": lambda t: t.abs_().sqrt_()}
+    x = rnd(5, 6)
+    A = scorch.as_sparse(x, "csr")
+    got = ops[name](A)
+    assert got is A and A.nnz == scorch.as_sparse(x, "csr").nnz
+    torch.testing.assert_close(A.to_dense(), ops[name](x.clone()))

@@ -76,9 +76,24 @@ def torch_dispatch(func, types, args, kwargs):
     impl = _ATEN.get(func) or _ATEN.get(func.overloadpacket)
     if impl is not None:
         return impl(*args, **kwargs)
-    if _POINTWISE and torch.Tag.pointwise in func.tags:
+    if _POINTWISE and (torch.Tag.pointwise in func.tags or _in_place_pointwise(func)):
         return _POINTWISE[0](func, args, kwargs)
     return dense_fallback(func, args, kwargs)
+
+
+_IN_PLACE: dict = {}
+
+
+def _in_place_pointwise(func) -> bool:
+    """An in-place op whose out-of-place form is tagged pointwise (aten leaves the tag off a few,
+    ``abs_`` and ``threshold_`` among them)."""
+    found = _IN_PLACE.get(func)
+    if found is None:
+        name = func.overloadpacket.__name__
+        base = getattr(torch.ops.aten, name[:-1], None) if name.endswith("_") and not name.startswith("_") else None
+        overload = getattr(base, func._overloadname, None) if base is not None else None
+        found = _IN_PLACE[func] = overload is not None and torch.Tag.pointwise in overload.tags
+    return found
 
 
 def _writes_sparse(func, args, kwargs) -> bool:
