@@ -270,6 +270,20 @@ def test_dense_fallback_can_raise(x, monkeypatch):
         torch.cumsum(scorch.as_sparse(x, "csr"), dim=0)
 
 
+def test_dense_fallback_refuses_a_copy_over_the_limit(x, monkeypatch):
+    """Beyond scorch.config.dense_fallback_max_bytes the fallback raises (naming the op and the
+    size) instead of allocating; at the limit it runs; None lifts it.  Oracle: dense cumsum."""
+    A = scorch.as_sparse(x, "csr")
+    size = x.numel() * x.element_size()
+    monkeypatch.setattr(scorch.config, "dense_fallback", "silent")
+    monkeypatch.setattr(scorch.config, "dense_fallback_max_bytes", size - 1)
+    with pytest.raises(NotImplementedError, match="cumsum has no sparse implementation, and its dense copy"):
+        torch.cumsum(A, dim=1)
+    for limit in (size, None):
+        monkeypatch.setattr(scorch.config, "dense_fallback_max_bytes", limit)
+        assert torch.equal(torch.cumsum(A, dim=1), torch.cumsum(x, dim=1))
+
+
 def test_in_place_ops_update_stored_values_or_refuse(x):
     A = scorch.as_sparse(x, "csr")
     A.mul_(2)  # same pattern: the stored values change in place

@@ -5,6 +5,12 @@ dense_fallback
     SparseTensor: ``"warn"`` (default: densify, run torch's op, warn once per
     op name), ``"silent"`` (densify without a warning) or ``"raise"``.
 
+dense_fallback_max_bytes
+    The largest dense copy (bytes, all of an op's sparse operands together) that
+    ``dense_fallback`` makes: beyond it the op raises instead (2 GiB by default; a
+    graph of a million nodes is 4 TB dense, and an allocation that large can get the
+    process killed rather than fail).  None: no limit.
+
 dispatch
     ``"auto"`` (default): an einsum / matmul whose result is dense runs on dense
     torch kernels when a sparse operand is denser than the crossover measured on
@@ -32,6 +38,7 @@ parallel_min_work
 """
 
 dense_fallback = "warn"
+dense_fallback_max_bytes = 2 << 30
 dispatch = "auto"
 dense_threshold = None
 auto_sparsify = False
