@@ -177,3 +177,44 @@ def test_softmax_with_dense_levels_below_is_differentiable(log, levels, shape, d
         fast = fn(P, dim).values()
     torch.testing.assert_close(fn(P.with_values(v), dim).values(), fast)
     assert torch.autograd.gradcheck(lambda v: fn(P.with_values(v), dim).values(), (v,))
+
+
+WHOLE = {  # op on a SparseTensor with a stored zero -> the same op on the dense tensor
+    "max": lambda t: t.max(), "min": lambda t: torch.min(t), "any": lambda t: t.any(), "all": lambda t: torch.all(t),
+    "count_nonzero": lambda t: torch.count_nonzero(t), "count_nonzero dim": lambda t: t.count_nonzero(dim=1),
+    "count_nonzero dims": lambda t: torch.count_nonzero(t, dim=(0, 1)), "nonzero": lambda t: t.nonzero(),
+    "nonzero as_tuple": lambda t: torch.stack(torch.nonzero(t, as_tuple=True)),
+}
+
+
+@pytest.mark.parametrize("name", list(WHOLE))
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo", "ell"])
+def test_whole_tensor_reductions_and_nonzero_run_sparse(name, fmt):
+    """max / min / any / all / count_nonzero / nonzero from the stored entries, without the dense
+    fallback (a stored 0 counts as zero; nonzero in row-major order whatever the format);
+    oracle: the op on the dense tensor (value, dtype and shape)."""
+    import warnings
+    x = rnd(5, 6)
+    A = scorch.as_sparse(x, fmt)
+    A = A.with_values(torch.cat([torch.zeros(1, dtype=A.dtype), A.values()[1:]]))  # one stored zero
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*no sparse implementation.*")
+        got = WHOLE[name](A)
+    want = WHOLE[name](A.to_dense())
+    assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+
+
+def test_max_min_of_a_full_negative_tensor_and_errors():
+    """No implicit zero where every element is stored; max(A, dim) and max(A, B) go the torch way;
+    no elements: a clear error."""
+    import warnings
+    x = -torch.rand(3, 4) - 1
+    A = scorch.as_sparse(x, "csr")
+    assert A.max() == x.max() and A.min() == x.min()
+    assert scorch.as_sparse(torch.tensor([[0.0, -2.0]]), "csr").max() == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.equal(torch.max(A, 1).values, x.max(1).values)
+        assert torch.equal(torch.max(A, torch.zeros(3, 4)), torch.max(x, torch.zeros(3, 4)))
+    with pytest.raises(ValueError, match="max: the tensor has no elements"):
+        scorch.as_sparse(torch.zeros(0, 3), "csr").max()

@@ -703,3 +703,23 @@ def test_no_op_reshape_and_squeeze_stay_in_the_graph():
         assert out.requires_grad
         (g,) = torch.autograd.grad(out.values().sum(), v)
         assert torch.equal(g, torch.ones_like(v))
+
+
+@pytest.mark.parametrize("k", [-2, 0, 1])
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo"])
+def test_tril_triu_keep_the_format_and_the_gradient(k, fmt):
+    """tril / triu keep the entries on the chosen side of the k-th diagonal (batched over leading
+    dims), in the input's format, differentiable; oracle: dense tril / triu and gradcheck."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 6, dtype=torch.float64, generator=g) * (torch.rand(5, 6, generator=g) < 0.6)
+    A = scorch.as_sparse(x, fmt)
+    for op in (torch.tril, torch.triu):
+        got = op(A, k)
+        assert isinstance(got, scorch.SparseTensor) and got.format == A.format
+        assert torch.equal(got.to_dense(), op(x, k))
+        v = A.values().clone().requires_grad_()
+        assert torch.autograd.gradcheck(lambda v: (op(A.with_values(v), k).to_dense() * (1 + torch.arange(30.0, dtype=torch.float64).view(5, 6))).sum(), (v,))
+    B = scorch.as_sparse(torch.stack([x, 2 * x]), "csf")
+    assert torch.equal(B.triu(k).to_dense(), torch.stack([x, 2 * x]).triu(k))
+    with pytest.raises(ValueError, match="tril: expects at least 2 dims, got 1-d"):
+        torch.tril(scorch.as_sparse(x[0], "coo"))

@@ -236,3 +236,72 @@ def linalg_norm(A, ord=None, dim=None, keepdim=False, *, out=None, dtype=None):
     entrywise = 2 if dim is None and (ord is None or (ord == "fro" and A.dim() == 2)) else None
     return _norm(A, entrywise, dim, keepdim, dtype,
                  lambda d: torch.linalg.norm(d, ord, dim, keepdim, dtype=dtype))
+
+
+# ------------------------------------------------------------------ max / min / any / all / count_nonzero / nonzero
+
+def _through_torch(func, *args, **kwargs):
+    """``func`` as torch runs it (for SparseTensors: the aten dispatch, i.e. the dense fallback)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return func(*args, **kwargs)
+
+
+@implements(torch.max, torch.Tensor.max)
+def max_(input, *args, **kwargs):
+    """``max(A)`` over every entry from the stored values (an implicit zero counts where the
+    tensor is not full); ``max(A, dim)`` and ``max(A, B)`` as torch runs them."""
+    if args or kwargs or not isinstance(input, SparseTensor):
+        return _through_torch(torch.max, input, *args, **kwargs)
+    return _whole(input, "amax")
+
+
+@implements(torch.min, torch.Tensor.min)
+def min_(input, *args, **kwargs):
+    if args or kwargs or not isinstance(input, SparseTensor):
+        return _through_torch(torch.min, input, *args, **kwargs)
+    return _whole(input, "amin")
+
+
+def _whole(x: SparseTensor, op: str):
+    if x.numel() == 0:
+        raise ScorchValueError(f"{'max' if op == 'amax' else 'min'}: the tensor has no elements "
+                               f"(shape {tuple(x.shape)}); pass dim= to reduce along one")
+    return _extreme(x, None, False, op)
+
+
+@implements(torch.count_nonzero, torch.Tensor.count_nonzero)
+def count_nonzero(input, dim=None):
+    """Nonzero elements (stored entries holding 0 do not count), over ``dim`` (int or tuple)."""
+    nonzero = input.with_values((input.values() != 0).to(torch.float64))
+    dims = _dims(dim, input.dim(), "count_nonzero")
+    return sum_(nonzero, dims, False).round().to(torch.int64)
+
+
+@implements(torch.any, torch.Tensor.any)
+def any_(input, *args, **kwargs):
+    if args or kwargs:
+        return _through_torch(torch.any, input, *args, **kwargs)
+    return (input.values() != 0).any()
+
+
+@implements(torch.all, torch.Tensor.all)
+def all_(input, *args, **kwargs):
+    if args or kwargs:
+        return _through_torch(torch.all, input, *args, **kwargs)
+    return torch.tensor(int(count_nonzero(input)) == input.numel())
+
+
+@implements(torch.nonzero, torch.Tensor.nonzero)
+def nonzero(input, *, out=None, as_tuple=False):
+    """Coordinates of the nonzero elements in row-major order, as torch gives them."""
+    if out is not None:
+        raise ScorchValueError("nonzero: out= is not supported with a SparseTensor input")
+    coords, vals = _entries(input)
+    coords = coords[:, vals.detach() != 0]
+    if coords.shape[1] > 1:  # level order is not row-major for every format (CSC, permuted views)
+        key = torch.zeros(coords.shape[1], dtype=torch.int64)
+        for d, size in enumerate(input.shape):
+            key = key * size + coords[d]
+        from ..convert import sort_keys
+        coords = coords[:, sort_keys(key, max(1, math.prod(input.shape)))[1]]
+    return tuple(coords) if as_tuple else coords.t().contiguous()

@@ -548,3 +548,29 @@ def stack(tensors, dim=0, *, out=None):
     shape = ref[:d] + (len(tensors),) + ref[d:]
     vals = torch.cat(vals)
     return assemble(fmt, shape, torch.cat(coords, 1), torch.arange(vals.numel()), vals, index_dtype)
+
+
+# ================================================================ triangles
+
+@implements(torch.tril, torch.Tensor.tril)
+def tril(input, diagonal=0, *, out=None):
+    """The entries on and below the ``diagonal``-th diagonal of the last two dims (sparse)."""
+    return _triangle(input, diagonal, out, lower=True)
+
+
+@implements(torch.triu, torch.Tensor.triu)
+def triu(input, diagonal=0, *, out=None):
+    return _triangle(input, diagonal, out, lower=False)
+
+
+def _triangle(x, diagonal, out, lower: bool):
+    op = "tril" if lower else "triu"
+    if out is not None:
+        raise ScorchValueError(f"{op}: out= is not supported with a SparseTensor input")
+    if x.dim() < 2:
+        raise ScorchValueError(f"{op}: expects at least 2 dims, got {x.dim()}-d")
+    k = _int(diagonal, op, "diagonal")
+    coords, ids = entries(x)
+    off = coords[-1] - coords[-2]
+    coords, ids = _keep(coords, ids, off <= k if lower else off >= k)
+    return assemble(x._format, x.shape, coords, ids, x.values(), x.index_dtype)
