@@ -305,3 +305,56 @@ def nonzero(input, *, out=None, as_tuple=False):
         from ..convert import sort_keys
         coords = coords[:, sort_keys(key, max(1, math.prod(input.shape)))[1]]
     return tuple(coords) if as_tuple else coords.t().contiguous()
+
+
+# ------------------------------------------------------------------ var / std / diagonal / trace
+
+@implements(torch.var, torch.Tensor.var)
+def var(input, dim=None, *, correction=1, keepdim=False, unbiased=None):
+    """Variance over ``dim`` (absent entries are zeros), two passes over the stored values: the
+    means, then the squared deviations of the stored values plus those of the absent zeros
+    (``count * mean**2``); no dense copy, no cancellation of a sum of squares."""
+    if unbiased is not None:
+        correction = 1 if unbiased else 0
+    if not input.dtype.is_floating_point:
+        raise ScorchTypeError(f"var: needs a floating dtype, got {input.dtype}")
+    dims = _dims(dim, input.dim(), "var")
+    n = 1
+    for d in dims:
+        n *= input.shape[d]
+    coords, vals = _entries(input)
+    key, groups = _group(coords, input.shape, dims)
+    mean = torch.zeros(groups, dtype=vals.dtype).index_add(0, key, vals) / max(n, 1)
+    stored = torch.bincount(key, minlength=groups).to(vals.dtype)
+    dev = vals - mean[key]
+    squares = torch.zeros(groups, dtype=vals.dtype).index_add(0, key, dev * dev) + (n - stored) * mean * mean
+    out = squares / (n - correction) if n - correction > 0 else squares * float("nan")
+    shape = [s for d, s in enumerate(input.shape) if d not in dims]
+    return _keep(out.reshape(shape), dims, keepdim)
+
+
+@implements(torch.std, torch.Tensor.std)
+def std(input, dim=None, *, correction=1, keepdim=False, unbiased=None):
+    return var(input, dim, correction=correction, keepdim=keepdim, unbiased=unbiased).sqrt()
+
+
+@implements(torch.diagonal, torch.Tensor.diagonal)
+def diagonal(input, offset=0, dim1=0, dim2=1):
+    """The ``offset``-th diagonal of a 2-d SparseTensor as a dense 1-d tensor (a copy, not a view)."""
+    if input.dim() != 2 or dim1 % 2 == dim2 % 2:
+        return _through_torch(torch.diagonal, input, offset, dim1, dim2)
+    if dim1 % 2 == 1:
+        input = input.t()
+    rows, cols = input.shape
+    length = max(0, min(rows, cols - offset) if offset >= 0 else min(rows + offset, cols))
+    coords, vals = _entries(input)
+    on = coords[1] - coords[0] == offset
+    out = torch.zeros(length, dtype=input.dtype)
+    return out.index_add(0, coords[0][on] if offset >= 0 else coords[1][on], vals[on])
+
+
+@implements(torch.trace, torch.Tensor.trace)
+def trace(input):
+    if input.dim() != 2:
+        raise ScorchValueError(f"trace: expects a 2-d tensor, got {input.dim()}-d")
+    return diagonal(input).sum()
