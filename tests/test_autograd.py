@@ -185,7 +185,9 @@ NORMS = {
     "vector_norm -inf": lambda A: torch.linalg.vector_norm(A, float("-inf")),
     "vector_norm 3 dim": lambda A: torch.linalg.vector_norm(A, 3, dim=0), "linalg.norm": lambda A: torch.linalg.norm(A),
     "linalg.norm fro": lambda A: torch.linalg.norm(A, "fro"), "linalg.norm nuc": lambda A: torch.linalg.norm(A, "nuc"),
-    "linalg.norm dim": lambda A: torch.linalg.norm(A, dim=1),
+    "linalg.norm dim": lambda A: torch.linalg.norm(A, dim=1), "norm p=3 dim": lambda A: torch.norm(A, p=3, dim=0),
+    "vector_norm inf dim": lambda A: torch.linalg.vector_norm(A, float("inf"), dim=1, keepdim=True),
+    "vector_norm 1 dims": lambda A: torch.linalg.vector_norm(A, 1, dim=(0, 1)),
 }
 
 
@@ -234,3 +236,31 @@ def test_dense_gradients_reach_a_sparse_leaf_in_its_pattern(how):
     torch.testing.assert_close(A.grad.to_dense(), Dg.grad * (D != 0))
     torch.optim.SGD([A], lr=0.1).step()
     torch.testing.assert_close(A.detach().to_dense(), (D - 0.1 * Dg.grad) * (D != 0))
+
+
+@pytest.mark.parametrize("p,dim", [(2, 1), (1, 0), (float("inf"), 1), (3, -1)])
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo"])
+def test_normalize_keeps_the_pattern(p, dim, fmt):
+    """F.normalize of a SparseTensor (a row with no entries and a row of stored zeros included)
+    is sparse in its pattern; oracle: F.normalize of the dense tensor, values and gradient."""
+    D = torch.tensor([[1.0, 0, -3, 0], [0, 0, 0, 0], [2, 3, 0, 0], [0, 0, 0, 0]], dtype=torch.float64)
+    P = scorch.as_sparse(D + torch.tensor([0.0, 0, 0, 7]).view(4, 1) * torch.tensor([0.0, 1, 1, 0]), fmt)
+    vals = torch.where(P.values() == 7, 0.0, P.values())   # row 3 stores two zeros; row 1 stores nothing
+    A = scorch.SparseTensor(P.format, P.shape, P._pos, P._crd, vals, requires_grad=True)
+    assert A.nnz == 6 and torch.equal(A.to_dense(), D)
+    Dg = D.clone().requires_grad_()
+    y, want = torch.nn.functional.normalize(A, p=p, dim=dim), torch.nn.functional.normalize(Dg, p=p, dim=dim)
+    assert isinstance(y, scorch.SparseTensor) and y.nnz == A.nnz
+    torch.testing.assert_close(y.to_dense(), want)
+    w = torch.arange(1, 17, dtype=torch.float64).view(4, 4)
+    (g,), (gd,) = torch.autograd.grad((y.to_dense() * w).sum(), A), torch.autograd.grad((want * w).sum(), Dg)
+    torch.testing.assert_close(g.to_dense(), gd * (P.to_dense() != 0))
+
+
+def test_matrix_norm_needing_the_dense_tensor_respects_the_limit(monkeypatch):
+    """A norm that needs the dense tensor (nuclear) refuses one over dense_fallback_max_bytes."""
+    A = scorch.as_sparse(rnd(6, 5), "csr")
+    monkeypatch.setattr(scorch.config, "dense_fallback_max_bytes", 8)
+    with pytest.raises(NotImplementedError, match="norm: this case needs the dense tensor"):
+        torch.linalg.norm(A, "nuc")
+    assert A.norm(dim=1).shape == (6,)   # entrywise norms never densify

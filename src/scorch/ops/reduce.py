@@ -23,7 +23,7 @@ import torch
 from .._dispatch import implements
 from ..compiler import build, segments
 from ..convert import coords_of
-from ..errors import ScorchTypeError, ScorchValueError
+from ..errors import NotSupportedError, ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
 from .einsum import einsum
 
@@ -201,15 +201,37 @@ def log_softmax(x, dim=None, *args, dtype=None, **kwargs):
 # ------------------------------------------------------------------ norms
 
 def _norm(x: SparseTensor, ord, dim, keepdim: bool, dtype, dense_norm):
-    """An entrywise ``ord``-norm over every dim (``ord > 0``: the absent zeros add nothing) from
-    the stored values; any other norm from the dense tensor (``dense_norm(dense)``).  Both
-    differentiable, the gradient in ``x``'s pattern (torch's own backward of a norm wrote into
-    its sparse input in place)."""
-    if dim is None and isinstance(ord, (int, float)) and not isinstance(ord, bool) and ord > 0:
-        values = x.values() if dtype is None else x.values().to(dtype)
+    """An entrywise ``ord``-norm, ``ord > 0``, from the stored values (the absent zeros add
+    nothing), over every dim or over ``dim`` (per output position: a sum of ``|v| ** ord``, or
+    the largest ``|v|``); any other norm from the dense tensor (``dense_norm(dense)``), within
+    ``config.dense_fallback_max_bytes``.  Differentiable, the gradient in ``x``'s pattern
+    (torch's own backward of a norm wrote into its sparse input in place)."""
+    if not (isinstance(ord, (int, float)) and not isinstance(ord, bool) and ord > 0):
+        return dense_norm(_bounded_dense(x, "norm"))
+    values = x.values() if dtype is None else x.values().to(dtype)
+    if dim is None:
         out = torch.linalg.vector_norm(values, ord) if values.numel() else values.new_zeros(())
         return out.reshape((1,) * x.dim()) if keepdim else out
-    return dense_norm(x.to_dense())
+    dims = _dims(dim, x.dim(), "norm")
+    size = x.with_values(values.abs())
+    if ord == float("inf"):
+        return amax(size, dims, keepdim)
+    total = sum_(size if ord == 1 else size.with_values(size.values() ** ord), dims, keepdim)
+    if ord == 1:
+        return total
+    positive = total > 0   # the root's gradient at 0 is infinite: zero norms stay out of the graph
+    return torch.where(positive, torch.where(positive, total, 1.0) ** (1.0 / ord), 0.0)
+
+
+def _bounded_dense(x: SparseTensor, op: str) -> torch.Tensor:
+    """``x.to_dense()`` when it fits ``config.dense_fallback_max_bytes`` (else a clear error)."""
+    from .. import config
+    size = x.numel() * x._values.element_size()
+    limit = config.dense_fallback_max_bytes
+    if limit is not None and size > limit:
+        raise NotSupportedError(f"{op}: this case needs the dense tensor, {size / 2**30:.1f} GiB, over "
+                                f"scorch.config.dense_fallback_max_bytes = {limit / 2**30:.1f} GiB")
+    return x.to_dense()
 
 
 @implements(torch.norm, torch.Tensor.norm)
@@ -358,3 +380,15 @@ def trace(input):
     if input.dim() != 2:
         raise ScorchValueError(f"trace: expects a 2-d tensor, got {input.dim()}-d")
     return diagonal(input).sum()
+
+
+@implements(torch.nn.functional.normalize)
+def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
+    """``input / max(norm(input, p, dim), eps)``: for a SparseTensor a sparse result in its pattern
+    (each row of a CSR adjacency scaled to unit norm, say), the norm from the stored values."""
+    if out is not None:
+        raise ScorchValueError("normalize: out= is not supported with a SparseTensor input")
+    if not isinstance(input, SparseTensor):
+        return _through_torch(torch.nn.functional.normalize, input, p, dim, eps)
+    norm = _norm(input, p, dim, True, None, lambda d: torch.linalg.vector_norm(d, p, dim, True))
+    return input / norm.clamp_min(eps)
