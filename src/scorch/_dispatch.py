@@ -107,6 +107,18 @@ def _writes_sparse(func, args, kwargs) -> bool:
     return False
 
 
+def check_dense_size(what: str, tensors) -> None:
+    """Raise when the dense copies of the SparseTensors among ``tensors`` would exceed
+    ``config.dense_fallback_max_bytes`` (``what`` starts the message: the op and why)."""
+    limit = config.dense_fallback_max_bytes
+    size = sum(a.numel() * a._values.element_size() for a in tensors if isinstance(a, SparseTensor))
+    if limit is not None and size > limit:
+        raise NotSupportedError(
+            f"{what} its dense copy would take {size / 2**30:.1f} GiB, over "
+            f"scorch.config.dense_fallback_max_bytes = {limit / 2**30:.1f} GiB; use x.to_dense() if you mean "
+            "it, or raise the limit")
+
+
 def densified(func, args, kwargs):
     """``func`` on dense copies of the SparseTensor arguments (the result is dense)."""
     args, kwargs = map_sparse(_to_dense, args, kwargs)
@@ -170,13 +182,7 @@ def dense_fallback(func, args, kwargs):
         raise NotSupportedError(
             f"{name} has no sparse implementation and scorch.config.dense_fallback = 'raise'; "
             "convert with x.to_dense() first, or set dense_fallback = 'warn'")
-    limit = config.dense_fallback_max_bytes
-    size = sum(a.numel() * a._values.element_size() for a in leaves(args, kwargs) if isinstance(a, SparseTensor))
-    if limit is not None and size > limit:
-        raise NotSupportedError(
-            f"{name} has no sparse implementation, and its dense copy would take {size / 2**30:.1f} GiB, over "
-            f"scorch.config.dense_fallback_max_bytes = {limit / 2**30:.1f} GiB; use x.to_dense() if you mean "
-            "it, or raise the limit")
+    check_dense_size(f"{name} has no sparse implementation, and", leaves(args, kwargs))
     if mode == "warn" and name not in _warned:
         _warned.add(name)
         warnings.warn(f"scorch: {name} has no sparse implementation; running it on a dense copy "

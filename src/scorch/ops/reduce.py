@@ -20,10 +20,10 @@ import math
 
 import torch
 
-from .._dispatch import implements
+from .._dispatch import check_dense_size, implements
 from ..compiler import build, segments
 from ..convert import coords_of
-from ..errors import NotSupportedError, ScorchTypeError, ScorchValueError
+from ..errors import ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
 from .einsum import einsum
 
@@ -225,12 +225,7 @@ def _norm(x: SparseTensor, ord, dim, keepdim: bool, dtype, dense_norm):
 
 def _bounded_dense(x: SparseTensor, op: str) -> torch.Tensor:
     """``x.to_dense()`` when it fits ``config.dense_fallback_max_bytes`` (else a clear error)."""
-    from .. import config
-    size = x.numel() * x._values.element_size()
-    limit = config.dense_fallback_max_bytes
-    if limit is not None and size > limit:
-        raise NotSupportedError(f"{op}: this case needs the dense tensor, {size / 2**30:.1f} GiB, over "
-                                f"scorch.config.dense_fallback_max_bytes = {limit / 2**30:.1f} GiB")
+    check_dense_size(f"{op}: this case needs the dense tensor, and", [x])
     return x.to_dense()
 
 

@@ -36,7 +36,7 @@ import operator
 import torch
 
 from .. import convert
-from .._dispatch import implements
+from .._dispatch import check_dense_size, implements, leaves
 from ..errors import NotSupportedError, ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..format import Format, preset
 from ..interop import as_sparse
@@ -140,6 +140,8 @@ def _stack_rows(rows, nnz: int) -> torch.Tensor:
 
 def _dense_call(func, *args, **kwargs):
     """Run ``func`` on densified arguments (a SparseTensor met in an unsupported role)."""
+    check_dense_size(f"{getattr(func, '__name__', func)} meets a SparseTensor where it has no sparse form, and",
+                     leaves(args, kwargs))
     conv = lambda a: a.to_dense() if isinstance(a, SparseTensor) else a  # noqa: E731
     args = [type(a)(map(conv, a)) if isinstance(a, (list, tuple)) else conv(a) for a in args]
     with torch._C.DisableTorchFunctionSubclass():
