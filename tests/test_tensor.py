@@ -348,3 +348,18 @@ def test_metadata_fast_paths_agree_with_torch(fmt, shape, dtype):
                     torch.Tensor.numel(X))
         assert (X.shape, X.dtype, X.device, X.ndim, X.dim(), X.numel()) == want
         assert type(X.shape) is torch.Size and X.size() == X.shape
+
+
+def test_like_constructors(x):
+    """ones_like / full_like / rand_like / randn_like give dense tensors of the shape (the value is
+    everywhere), without the fallback warning; zeros_like keeps the pattern.  Oracle: dense torch."""
+    A = scorch.as_sparse(x, "csr")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for got, want in [(torch.ones_like(A), torch.ones_like(x)), (torch.full_like(A, 2.5), torch.full_like(x, 2.5)),
+                          (torch.ones_like(A, dtype=torch.float64), torch.ones_like(x, dtype=torch.float64))]:
+            assert type(got) is torch.Tensor and got.dtype == want.dtype and torch.equal(got, want)
+        r = torch.randn_like(A)
+        assert type(r) is torch.Tensor and r.shape == x.shape and r.dtype == x.dtype and r.std() > 0
+        z = torch.zeros_like(A)
+        assert isinstance(z, scorch.SparseTensor) and z.nnz == A.nnz and not z.to_dense().any()

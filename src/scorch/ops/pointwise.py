@@ -121,6 +121,19 @@ def pointwise(func, args, kwargs):
 
 # ------------------------------------------------------------------ non-pointwise ops the optimizers and autograd use
 
+def _dense_of_shape(make):
+    """``ones_like`` and kin: the same value everywhere, or random numbers -- a dense tensor of
+    ``x``'s shape by definition (zeros_like keeps the pattern instead)."""
+    def like(x, *args, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, **kwargs):
+        return make(x.shape, *args, dtype=x.dtype if dtype is None else dtype, **kwargs)
+    return like
+
+
+for _op, _make in ((torch.ops.aten.ones_like.default, torch.ones), (torch.ops.aten.full_like.default, torch.full),
+                   (torch.ops.aten.rand_like.default, torch.rand), (torch.ops.aten.randn_like.default, torch.randn)):
+    implements_aten(_op)(_dense_of_shape(_make))
+
+
 @implements_aten(torch.ops.aten.zeros_like.default, torch.ops.aten.empty_like.default)
 def _zeros_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     """Zeros in the same pattern: the same dense value as torch's, and it stays sparse."""
