@@ -723,3 +723,39 @@ def test_tril_triu_keep_the_format_and_the_gradient(k, fmt):
     assert torch.equal(B.triu(k).to_dense(), torch.stack([x, 2 * x]).triu(k))
     with pytest.raises(ValueError, match="tril: expects at least 2 dims, got 1-d"):
         torch.tril(scorch.as_sparse(x[0], "coo"))
+
+
+MOVES = {
+    "flip 0": lambda t: t.flip(0), "flip 1,-1": lambda t: torch.flip(t, (1, -1)), "roll flat": lambda t: t.roll(3),
+    "roll flat negative": lambda t: torch.roll(t, -7), "roll dims": lambda t: t.roll((1, -2), (0, 2)),
+    "roll one dim": lambda t: torch.roll(t, 2, 1),
+}
+
+
+@pytest.mark.parametrize("name", list(MOVES))
+@pytest.mark.parametrize("fmt", ["csf", "coo"])
+def test_flip_and_roll_move_coordinates(name, fmt):
+    """flip / roll move the stored entries' coordinates (sparse, same format, differentiable);
+    oracle: the op on the dense tensor, and its gradient at the stored entries."""
+    import warnings
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 5, 6, dtype=torch.float64, generator=g) * (torch.rand(4, 5, 6, generator=g) < 0.3)
+    A = scorch.as_sparse(x, fmt).requires_grad_()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*no sparse implementation.*")
+        got = MOVES[name](A)
+    assert isinstance(got, scorch.SparseTensor) and got.format == A.format and got.nnz == A.nnz
+    xd = x.clone().requires_grad_()
+    want = MOVES[name](xd)
+    assert torch.equal(got.to_dense(), want)
+    w = torch.arange(120, dtype=torch.float64).view(4, 5, 6)
+    (ga,), (gd,) = torch.autograd.grad((got.to_dense() * w).sum(), A), torch.autograd.grad((want * w).sum(), xd)
+    torch.testing.assert_close(ga.to_dense(), gd * (x != 0))
+
+
+def test_flip_roll_errors():
+    A = scorch.as_sparse(torch.eye(3), "csr")
+    with pytest.raises(ValueError, match="flip: dims .* repeat"):
+        A.flip((0, -2))
+    with pytest.raises(ValueError, match="roll: shifts .* and dims .* differ in length"):
+        A.roll((1, 2), 0)

@@ -576,3 +576,41 @@ def _triangle(x, diagonal, out, lower: bool):
     off = coords[-1] - coords[-2]
     coords, ids = _keep(coords, ids, off <= k if lower else off >= k)
     return assemble(x._format, x.shape, coords, ids, x.values(), x.index_dtype)
+
+
+# ================================================================ flip / roll: coordinates moved, values kept
+
+@implements(torch.flip, torch.Tensor.flip)
+def flip(input, dims):
+    """Reverse the order along ``dims`` (sparse, same format, differentiable)."""
+    n = input.dim()
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    ds = {_dim(d, n, "flip", "dims") for d in dims}
+    if len(ds) != len(dims):
+        raise ScorchValueError(f"flip: dims {tuple(dims)} repeat a dimension")
+    coords, ids = entries(input)
+    for d in ds:
+        coords[d] = input.shape[d] - 1 - coords[d]
+    return assemble(input._format, input.shape, coords, ids, input.values(), input.index_dtype)
+
+
+@implements(torch.roll, torch.Tensor.roll)
+def roll(input, shifts, dims=None):
+    """Shift along ``dims`` with wrap-around (no ``dims``: over the flattened tensor)."""
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+    coords, ids = entries(input)
+    if dims is None or (not isinstance(dims, int) and len(dims) == 0):
+        if len(shifts) != 1:
+            raise ScorchValueError(f"roll: without dims, shifts must be one int, got {tuple(shifts)}")
+        sizes = list(input.shape)
+        lin = (ravel_coords(coords, sizes, ids.numel()) + shifts[0]) % max(1, input.numel())
+        coords = torch.stack(unravel_coords(lin, sizes)) if sizes else coords
+    else:
+        dims = [dims] if isinstance(dims, int) else list(dims)
+        if len(dims) != len(shifts):
+            raise ScorchValueError(f"roll: shifts {tuple(shifts)} and dims {tuple(dims)} differ in length")
+        for s, d in zip(shifts, dims):
+            d = _dim(d, input.dim(), "roll", "dims")
+            if input.shape[d]:
+                coords[d] = (coords[d] + _int(s, "roll", "shifts")) % input.shape[d]
+    return assemble(input._format, input.shape, coords, ids, input.values(), input.index_dtype)
