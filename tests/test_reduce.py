@@ -184,6 +184,8 @@ WHOLE = {  # op on a SparseTensor with a stored zero -> the same op on the dense
     "count_nonzero": lambda t: torch.count_nonzero(t), "count_nonzero dim": lambda t: t.count_nonzero(dim=1),
     "count_nonzero dims": lambda t: torch.count_nonzero(t, dim=(0, 1)), "nonzero": lambda t: t.nonzero(),
     "nonzero as_tuple": lambda t: torch.stack(torch.nonzero(t, as_tuple=True)),
+    "argmax": lambda t: t.argmax(), "argmin": lambda t: torch.argmin(t), "prod": lambda t: t.prod(),
+    "prod dim": lambda t: t.prod(1), "prod keepdim": lambda t: torch.prod(t, 0, keepdim=True),
 }
 
 
@@ -255,3 +257,15 @@ def test_var_keeps_float32_precision_under_a_large_offset():
     passes match torch's own (oracle)."""
     y = torch.rand(4, 6, generator=torch.Generator().manual_seed(0)) + 1e4
     torch.testing.assert_close(scorch.as_sparse(y, "csr").var(1), y.var(1), rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [[[1.0, 0, 3], [2, 3, 0]], [[-1.0, -2, -3], [-2, -3, -1]], [[-1.0, 0, -3], [0, -3, -1]],
+                                  [[0.0, 0], [0, 0]], [[0.0, -1], [-2, -3]], [[2.0, 3], [3, 1]]])
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo"])
+def test_argmax_argmin_prod_ties_and_implicit_zeros(rows, fmt):
+    """The first flat index of the extreme (a stored value or an implicit zero, whichever comes
+    first), and products that an implicit zero makes 0; oracle: dense torch."""
+    x = torch.tensor(rows)
+    A = scorch.as_sparse(x, fmt)
+    assert A.argmax() == x.argmax() and A.argmin() == x.argmin()
+    assert torch.equal(A.prod(), x.prod()) and torch.equal(A.prod(1), x.prod(1)) and torch.equal(A.prod(0), x.prod(0))

@@ -387,3 +387,54 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
         return _through_torch(torch.nn.functional.normalize, input, p, dim, eps)
     norm = _norm(input, p, dim, True, None, lambda d: torch.linalg.vector_norm(d, p, dim, True))
     return input / norm.clamp_min(eps)
+
+
+@implements(torch.prod, torch.Tensor.prod)
+def prod(input, dim=None, keepdim=False, *, dtype=None):
+    """Product over ``dim`` (int or None): the stored values' product where a fibre is full, 0
+    where it holds an implicit zero."""
+    values_dtype = input.dtype if dtype is None else dtype
+    dims = _dims(dim, input.dim(), "prod")
+    coords, vals = _entries(input)
+    vals = vals.to(values_dtype)
+    key, groups = _group(coords, input.shape, dims)
+    fibre = 1
+    for d in dims:
+        fibre *= input.shape[d]
+    out = torch.ones(groups, dtype=values_dtype).scatter_reduce(0, key, vals, reduce="prod", include_self=True)
+    full = torch.bincount(key, minlength=groups) == fibre
+    out = torch.where(full, out, torch.zeros((), dtype=values_dtype))
+    shape = [s for d, s in enumerate(input.shape) if d not in dims]
+    return _keep(out.reshape(shape), dims, keepdim)
+
+
+@implements(torch.argmax, torch.Tensor.argmax)
+def argmax(input, dim=None, keepdim=False):
+    """The flat index of the first largest element (``dim=None``); along a dim as torch runs it."""
+    return _arg_extreme(input, dim, keepdim, "amax")
+
+
+@implements(torch.argmin, torch.Tensor.argmin)
+def argmin(input, dim=None, keepdim=False):
+    return _arg_extreme(input, dim, keepdim, "amin")
+
+
+def _arg_extreme(x, dim, keepdim, op: str):
+    name = "argmax" if op == "amax" else "argmin"
+    if dim is not None or keepdim or not isinstance(x, SparseTensor):
+        return _through_torch(torch.argmax if op == "amax" else torch.argmin, x, dim, keepdim)
+    if x.numel() == 0:
+        raise ScorchValueError(f"{name}: the tensor has no elements (shape {tuple(x.shape)})")
+    best = _whole(x, op)
+    coords, vals = _entries(x)
+    flat = torch.zeros(coords.shape[1], dtype=torch.int64)
+    for d, size in enumerate(x.shape):
+        flat = flat * size + coords[d]
+    hits = flat[vals.detach() == best]
+    first = hits.min() if hits.numel() else torch.tensor(x.numel())
+    if best == 0 and flat.numel() < x.numel():  # the first element not stored is a zero too
+        stored = torch.sort(flat).values
+        gaps = torch.nonzero(stored != torch.arange(stored.numel())).flatten()
+        missing = gaps[0] if gaps.numel() else torch.tensor(stored.numel())
+        first = torch.minimum(first, missing)
+    return first
