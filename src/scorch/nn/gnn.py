@@ -169,8 +169,10 @@ class _AdjCache:
 
 
 def _check_x(x, in_channels: int, layer: str) -> None:
-    if not isinstance(x, torch.Tensor) or isinstance(x, SparseTensor) or x.layout != torch.strided:
-        raise ScorchTypeError(f"{layer}: x must be a dense torch.Tensor, got {type(x).__name__}")
+    """``x``: dense, or a 2-d SparseTensor (bag-of-words features: the first product is an SpMM)."""
+    if not isinstance(x, torch.Tensor) or (x.layout != torch.strided and not isinstance(x, SparseTensor)):
+        raise ScorchTypeError(f"{layer}: x must be a dense torch.Tensor or a SparseTensor, got {type(x).__name__}"
+                              + ("" if not isinstance(x, torch.Tensor) else f" of layout {x.layout}"))
     if x.dim() != 2 or x.shape[1] != in_channels:
         raise ScorchValueError(f"{layer}: x must have shape (num_nodes, in_channels) = (N, {in_channels}), "
                                f"got {tuple(x.shape)}")
@@ -211,7 +213,8 @@ class _GraphConv(nn.Module):
 class GCNConv(_GraphConv):
     """Graph convolution (Kipf & Welling): ``out = D^-1/2 (A + I) D^-1/2 @ (x @ W^T) + b``.
 
-    ``forward(x, adj)``: ``x`` is ``N x in_channels``; ``adj`` a SparseTensor or
+    ``forward(x, adj)``: ``x`` is ``N x in_channels`` (dense, or a SparseTensor: the product
+    with the weight then runs as an SpMM); ``adj`` a SparseTensor or
     ``torch.sparse`` tensor (``N x N``, values are edge weights) or an
     ``edge_index`` (``2 x E``).  With ``cached=True`` the normalised adjacency is
     built once per adjacency object (and dtype).  Parameter names follow PyG
