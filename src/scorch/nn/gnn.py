@@ -26,7 +26,7 @@ from torch import nn
 from .. import convert
 from ..errors import ScorchTypeError, ScorchValueError
 from ..format import Format, compressed, dense, preset
-from ..interop import is_sparse, sparse_coo
+from ..interop import as_sparse, is_sparse, sparse_coo
 from ..ops import dense as dense_ops
 from ..ops.einsum import einsum_add
 from ..tensor import SparseTensor
@@ -168,14 +168,18 @@ class _AdjCache:
         self._store = {}
 
 
-def _check_x(x, in_channels: int, layer: str) -> None:
-    """``x``: dense, or a 2-d SparseTensor (bag-of-words features: the first product is an SpMM)."""
+def _features(x, in_channels: int, layer: str):
+    """``x`` checked: dense, or sparse (a SparseTensor, or a torch.sparse tensor taken as one,
+    zero-copy where the layout allows) -- bag-of-words features: the first product is an SpMM."""
+    if isinstance(x, torch.Tensor) and not isinstance(x, SparseTensor) and is_sparse(x):
+        x = as_sparse(x)
     if not isinstance(x, torch.Tensor) or (x.layout != torch.strided and not isinstance(x, SparseTensor)):
-        raise ScorchTypeError(f"{layer}: x must be a dense torch.Tensor or a SparseTensor, got {type(x).__name__}"
+        raise ScorchTypeError(f"{layer}: x must be a dense torch.Tensor or a sparse tensor, got {type(x).__name__}"
                               + ("" if not isinstance(x, torch.Tensor) else f" of layout {x.layout}"))
     if x.dim() != 2 or x.shape[1] != in_channels:
         raise ScorchValueError(f"{layer}: x must have shape (num_nodes, in_channels) = (N, {in_channels}), "
                                f"got {tuple(x.shape)}")
+    return x
 
 
 def _check_positive(layer: str, **kw) -> None:
@@ -213,8 +217,8 @@ class _GraphConv(nn.Module):
 class GCNConv(_GraphConv):
     """Graph convolution (Kipf & Welling): ``out = D^-1/2 (A + I) D^-1/2 @ (x @ W^T) + b``.
 
-    ``forward(x, adj)``: ``x`` is ``N x in_channels`` (dense, or a SparseTensor: the product
-    with the weight then runs as an SpMM); ``adj`` a SparseTensor or
+    ``forward(x, adj)``: ``x`` is ``N x in_channels`` (dense, or sparse -- a SparseTensor or a
+    torch.sparse tensor: the product with the weight then runs as an SpMM); ``adj`` a SparseTensor or
     ``torch.sparse`` tensor (``N x N``, values are edge weights) or an
     ``edge_index`` (``2 x E``).  With ``cached=True`` the normalised adjacency is
     built once per adjacency object (and dtype).  Parameter names follow PyG
@@ -238,7 +242,7 @@ class GCNConv(_GraphConv):
         self._cache.clear()
 
     def forward(self, x: torch.Tensor, adj) -> torch.Tensor:
-        _check_x(x, self.in_channels, "GCNConv")
+        x = _features(x, self.in_channels, "GCNConv")
         A = self._adjacency(adj, x, lambda: gcn_norm(
             adj, x.shape[0], add_self_loops=self.add_self_loops, normalize=self.normalize, dtype=x.dtype,
             _layer="GCNConv"))
@@ -274,7 +278,7 @@ class SAGEConv(_GraphConv):
         self._cache.clear()
 
     def forward(self, x: torch.Tensor, adj) -> torch.Tensor:
-        _check_x(x, self.in_channels, "SAGEConv")
+        x = _features(x, self.in_channels, "SAGEConv")
         A = self._adjacency(adj, x, lambda: _mean_adj(adj, x.shape[0], x.dtype))
         bias = () if self.lin_l.bias is None else (self.lin_l.bias,)
         if self.out_channels < self.in_channels:
@@ -326,7 +330,7 @@ class GATConv(_GraphConv):
         self._cache.clear()
 
     def forward(self, x: torch.Tensor, adj) -> torch.Tensor:
-        _check_x(x, self.in_channels, "GATConv")
+        x = _features(x, self.in_channels, "GATConv")
         n, H, C = x.shape[0], self.heads, self.out_channels
         A, row, col = self._adjacency(adj, x, lambda: _gat_pattern(adj, n, self.add_self_loops, H, x.dtype))
         h = dense_ops.linear(x, self.lin.weight).view(n, H, C)
