@@ -269,3 +269,25 @@ def test_argmax_argmin_prod_ties_and_implicit_zeros(rows, fmt):
     A = scorch.as_sparse(x, fmt)
     assert A.argmax() == x.argmax() and A.argmin() == x.argmin()
     assert torch.equal(A.prod(), x.prod()) and torch.equal(A.prod(1), x.prod(1)) and torch.equal(A.prod(0), x.prod(0))
+
+
+@pytest.mark.parametrize("rows", [[[1.0, 0, 3], [2, 3, 0]], [[-1.0, -2, -3], [-2, -3, -1]], [[-1.0, 0, -3], [0, -3, -1]],
+                                  [[0.0, 0], [0, 0]], [[-1.0, -1, 0, -2], [-3, 0, 0, -1], [0, 0, 0, 0]]])
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo"])
+def test_max_min_argmax_along_a_dim(rows, fmt):
+    """max / min along a dim give torch's (values, indices): the first position of the extreme,
+    a stored value or an implicit zero; argmax / argmin along a dim likewise; oracle: dense torch."""
+    import warnings
+    x = torch.tensor(rows)
+    A = scorch.as_sparse(x, fmt)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*no sparse implementation.*")
+        for d in (0, 1, -1):
+            for keepdim in (False, True):
+                for f in (torch.max, torch.min):
+                    got, want = f(A, d, keepdim), f(x, d, keepdim)
+                    assert torch.equal(got.values, want.values) and torch.equal(got.indices, want.indices)
+                for f in (torch.argmax, torch.argmin):
+                    assert torch.equal(f(A, d, keepdim), f(x, d, keepdim))
+            assert torch.equal(A.max(dim=d).indices, x.max(dim=d).indices)
+        assert torch.equal(A.argmax(keepdim=True), x.argmax(keepdim=True))

@@ -22,7 +22,7 @@ import torch
 
 from .._dispatch import check_dense_size, implements
 from ..compiler import build, segments
-from ..convert import coords_of
+from ..convert import coords_of, sort_keys
 from ..errors import ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
 from .einsum import einsum
@@ -267,16 +267,35 @@ def _through_torch(func, *args, **kwargs):
 def max_(input, *args, **kwargs):
     """``max(A)`` over every entry from the stored values (an implicit zero counts where the
     tensor is not full); ``max(A, dim)`` and ``max(A, B)`` as torch runs them."""
-    if args or kwargs or not isinstance(input, SparseTensor):
+    if not isinstance(input, SparseTensor) or not _one_dim(args, kwargs):
         return _through_torch(torch.max, input, *args, **kwargs)
-    return _whole(input, "amax")
+    if not args and not kwargs:
+        return _whole(input, "amax")
+    return torch.return_types.max(_extreme_along(input, *_dim_keepdim(args, kwargs), "amax"))
 
 
 @implements(torch.min, torch.Tensor.min)
 def min_(input, *args, **kwargs):
-    if args or kwargs or not isinstance(input, SparseTensor):
+    if not isinstance(input, SparseTensor) or not _one_dim(args, kwargs):
         return _through_torch(torch.min, input, *args, **kwargs)
-    return _whole(input, "amin")
+    if not args and not kwargs:
+        return _whole(input, "amin")
+    return torch.return_types.min(_extreme_along(input, *_dim_keepdim(args, kwargs), "amin"))
+
+
+def _one_dim(args, kwargs) -> bool:
+    """No arguments (the whole tensor) or an int ``dim`` with ``keepdim`` (not ``max(A, B)``)."""
+    if not args and not kwargs:
+        return True
+    dim = args[0] if args else kwargs.get("dim")
+    return isinstance(dim, int) and not isinstance(dim, bool) and set(kwargs) <= {"dim", "keepdim"} \
+        and len(args) <= 2
+
+
+def _dim_keepdim(args, kwargs):
+    dim = args[0] if args else kwargs["dim"]
+    keepdim = args[1] if len(args) > 1 else kwargs.get("keepdim", False)
+    return dim, bool(keepdim)
 
 
 def _whole(x: SparseTensor, op: str):
@@ -319,7 +338,6 @@ def nonzero(input, *, out=None, as_tuple=False):
         key = torch.zeros(coords.shape[1], dtype=torch.int64)
         for d, size in enumerate(input.shape):
             key = key * size + coords[d]
-        from ..convert import sort_keys
         coords = coords[:, sort_keys(key, max(1, math.prod(input.shape)))[1]]
     return tuple(coords) if as_tuple else coords.t().contiguous()
 
@@ -421,8 +439,12 @@ def argmin(input, dim=None, keepdim=False):
 
 def _arg_extreme(x, dim, keepdim, op: str):
     name = "argmax" if op == "amax" else "argmin"
-    if dim is not None or keepdim or not isinstance(x, SparseTensor):
+    if not isinstance(x, SparseTensor):
         return _through_torch(torch.argmax if op == "amax" else torch.argmin, x, dim, keepdim)
+    if dim is not None:
+        return _extreme_along(x, dim, keepdim, op)[1]
+    if keepdim:
+        return _arg_extreme(x, None, False, op).reshape((1,) * x.dim())
     if x.numel() == 0:
         raise ScorchValueError(f"{name}: the tensor has no elements (shape {tuple(x.shape)})")
     best = _whole(x, op)
@@ -438,3 +460,34 @@ def _arg_extreme(x, dim, keepdim, op: str):
         missing = gaps[0] if gaps.numel() else torch.tensor(stored.numel())
         first = torch.minimum(first, missing)
     return first
+
+
+def _extreme_along(x: SparseTensor, dim, keepdim: bool, op: str):
+    """``(values, indices)`` of max / min along one ``dim``: the first position of the extreme,
+    a stored value or an implicit zero (the fibre's first unstored position), as torch gives."""
+    name = "max" if op == "amax" else "min"
+    d = _dims(dim, x.dim(), name)[0]
+    if x.shape[d] == 0:
+        raise ScorchValueError(f"{name}: cannot reduce over the zero-size dim {d} of shape {tuple(x.shape)}")
+    values = _extreme(x, d, False, op)
+    coords, vals = _entries(x)
+    key, groups = _group(coords, x.shape, (d,))
+    along = coords[d]
+    best = values.reshape(-1)[key]
+    big = torch.full((groups,), x.shape[d], dtype=torch.int64)
+    first_hit = big.scatter_reduce(0, key[vals.detach() == best], along[vals.detach() == best], "amin")
+    # the first unstored position of each fibre: entries sorted by (fibre, position), the first
+    # whose position differs from its rank in the fibre
+    order = sort_keys(key * x.shape[d] + along, max(1, groups * x.shape[d]))[1]
+    k, a = key[order], along[order]
+    start = torch.zeros(groups + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(k, minlength=groups), 0, out=start[1:])
+    rank = torch.arange(k.numel()) - start[k]
+    counts = start[1:] - start[:-1]
+    missing = counts.clone().scatter_reduce(0, k[a != rank], rank[a != rank], "amin")
+    zero_wins = (values.reshape(-1) == 0) & (counts < x.shape[d])
+    index = torch.where(zero_wins, torch.minimum(first_hit, missing), first_hit)
+    index = index.reshape([s for i, s in enumerate(x.shape) if i != d])
+    if keepdim:
+        values, index = values.unsqueeze(d), index.unsqueeze(d)
+    return values, index
