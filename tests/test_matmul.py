@@ -190,3 +190,17 @@ def test_sparse_mm_and_sampled_addmm_errors_and_sampled_values():
         torch.sparse.mm(A, A, reduce="mean")
     with pytest.raises(ValueError, match="do not chain"):
         torch.sparse.mm(A, Q, reduce="amax")
+
+
+def test_dot_and_inner_with_sparse_operands():
+    """torch.dot / inner contract the last dims through the compiled einsum; oracle: dense torch."""
+    x = rnd(5, 6)
+    A = scorch.as_sparse(x, "csr")
+    with no_fallback():
+        cases = [(torch.dot(A[0], A[1]), torch.dot(x[0], x[1])), (A[2].dot(x[3]), x[2].dot(x[3])),
+                 (torch.inner(A, A), torch.inner(x, x)), (torch.inner(A, x[0]), torch.inner(x, x[0])),
+                 (A.inner(x), x.inner(x))]
+    for got, want in cases:
+        torch.testing.assert_close(dense(got), want)
+    with pytest.raises(ValueError, match="inner: the last dims differ"):
+        torch.inner(A, rnd(5))

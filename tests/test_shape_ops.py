@@ -759,3 +759,29 @@ def test_flip_roll_errors():
         A.flip((0, -2))
     with pytest.raises(ValueError, match="roll: shifts .* and dims .* differ in length"):
         A.roll((1, 2), 0)
+
+
+PIECES = {
+    "unbind 0": lambda t: torch.unbind(t, 0), "unbind 1": lambda t: t.unbind(1), "split 2": lambda t: torch.split(t, 2, 1),
+    "split sections": lambda t: t.split([1, 4], 0), "chunk 4 of 6": lambda t: torch.chunk(t, 4, 1),
+    "chunk 3": lambda t: t.chunk(3, 0),
+}
+
+
+@pytest.mark.parametrize("name", list(PIECES))
+@pytest.mark.parametrize("fmt", ["csr", "coo"])
+def test_unbind_split_chunk_give_sparse_pieces(name, fmt):
+    """Pieces along a dim without the dense fallback, as many and as large as torch's (oracle:
+    the same call on the dense tensor)."""
+    import warnings
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 6, dtype=torch.float64, generator=g) * (torch.rand(5, 6, generator=g) < 0.5)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*no sparse implementation.*")
+        got = PIECES[name](scorch.as_sparse(x, fmt))
+    want = PIECES[name](x)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert isinstance(a, scorch.SparseTensor) and torch.equal(a.to_dense(), b)
+    with pytest.raises(ValueError, match="sections .* must be non-negative and sum to dim 0's size 5"):
+        scorch.as_sparse(x, fmt).split([1, 2], 0)

@@ -363,3 +363,27 @@ def test_like_constructors(x):
         assert type(r) is torch.Tensor and r.shape == x.shape and r.dtype == x.dtype and r.std() > 0
         z = torch.zeros_like(A)
         assert isinstance(z, scorch.SparseTensor) and z.nnz == A.nnz and not z.to_dense().any()
+
+
+@pytest.mark.parametrize("cast", ["bool", "int", "long", "short", "byte", "char", "half", "double"])
+def test_dtype_casts_and_integer_sums(x, cast):
+    """A.int() and friends went through to(copy=True), which torch's argument parser refused;
+    sums of bool / integer values are exact int64, as torch's.  Oracle: the dense tensor."""
+    A = scorch.as_sparse(x, "csr")
+    got, want = getattr(A, cast)(), getattr(x, cast)()
+    assert isinstance(got, scorch.SparseTensor) and got.dtype == want.dtype
+    assert torch.equal(got.to_dense(), want)
+    if not want.dtype.is_floating_point:
+        for s, w in [(got.sum(), want.sum()), (got.sum(dim=1), want.sum(dim=1)),
+                     (torch.sum(got, 0, keepdim=True), torch.sum(want, 0, keepdim=True))]:
+            assert s.dtype == w.dtype and torch.equal(s, w)
+
+
+def test_to_with_copy_never_shares_the_values(x):
+    """to(copy=True) returns a tensor whose values are not the caller's (it shared them when
+    neither dtype nor device changed): an in-place update of the copy leaves the source alone."""
+    A = scorch.as_sparse(x, "csr")
+    for B in (A.to(copy=True), A.to(A.dtype, copy=True), A.to(torch.float64, copy=True)):
+        assert B._values.data_ptr() != A._values.data_ptr()
+        B.mul_(0)
+        assert torch.equal(A.to_dense(), x)

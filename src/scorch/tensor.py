@@ -282,8 +282,9 @@ class SparseTensor(torch.Tensor):
 
     # ------------------------------------------------------------ dtype / copies
     def to(self, *args, **kwargs) -> "SparseTensor":
+        kwargs = dict(kwargs)
+        copy = kwargs.pop("copy", False)   # torch's parser of to()'s arguments does not take it
         device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
-        copy = kwargs.get("copy", False)
         values = self._values
         if dtype is not None or device is not None:
             values = values.to(device=device, dtype=dtype, non_blocking=non_blocking, copy=copy)
@@ -293,6 +294,8 @@ class SparseTensor(torch.Tensor):
             crd = tuple(None if t is None else t.to(device) for t in crd)
         if values is self._values and pos is self._pos and not copy:
             return self
+        if copy and values is self._values:   # copy=True: never the caller's values (the pattern is immutable)
+            values = values.clone()
         out = self._like(pos=pos, crd=crd, values=values, nnz=self._nnz)
         if self._needs_grad():  # the cast in the graph: values() -> cast -> this pattern
             return out.with_values(self.values().to(device=device, dtype=dtype, non_blocking=non_blocking, copy=copy))

@@ -83,6 +83,19 @@ def mv(a, v):
     return matmul(a, v)
 
 
+@implements(torch.dot, torch.Tensor.dot, torch.inner, torch.Tensor.inner)
+def inner(a, b):
+    """``torch.inner`` (``dot`` for two 1-d operands): the last dims contracted."""
+    if a.dim() == 0 or b.dim() == 0:
+        return a * b
+    if a.shape[-1] != b.shape[-1]:
+        raise ScorchValueError(f"inner: the last dims differ: {tuple(a.shape)} and {tuple(b.shape)}")
+    letters = iter(_BATCH + "ijklmnopqrstuvwxyz")
+    ta = "".join(next(letters) for _ in range(a.dim() - 1))
+    tb = "".join(next(letters) for _ in range(b.dim() - 1))
+    return einsum(f"{ta}z,{tb}z->{ta}{tb}", a, b)
+
+
 @implements(torch.addmm, torch.Tensor.addmm, torch.sparse.addmm)
 def addmm(input, mat1, mat2, *, beta=1, alpha=1):
     """``beta * input + alpha * (mat1 @ mat2)`` (either matrix sparse)."""

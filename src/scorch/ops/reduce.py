@@ -71,6 +71,10 @@ def _group(coords, shape, dims):
 
 @implements(torch.sum, torch.Tensor.sum)
 def sum_(x, dim=None, keepdim=False, *, dtype=None):
+    if not x.dtype.is_floating_point and not x.dtype.is_complex:
+        # bool / integer values: summed exactly in float64 (up to 2**53), as int64 like torch's
+        wide = x.with_values(x.values().to(torch.float64))
+        return sum_(wide, dim, keepdim).round().to(torch.int64 if dtype is None else dtype)
     dims = _dims(dim, x.dim(), "sum")
     idx = _LETTERS[:x.dim()]
     out = einsum(f"{idx}->{''.join(c for d, c in enumerate(idx) if d not in dims)}", x, format="dense")

@@ -614,3 +614,40 @@ def roll(input, shifts, dims=None):
             if input.shape[d]:
                 coords[d] = (coords[d] + _int(s, "roll", "shifts")) % input.shape[d]
     return assemble(input._format, input.shape, coords, ids, input.values(), input.index_dtype)
+
+
+# ================================================================ unbind / split / chunk: views along a dim
+
+@implements(torch.unbind, torch.Tensor.unbind)
+def unbind(input, dim=0):
+    """Every position of ``dim``, without that dim (sparse, differentiable)."""
+    d = _dim(dim, input.dim(), "unbind")
+    return tuple(select(input, d, i) for i in range(input._shape[d]))
+
+
+@implements(torch.split, torch.Tensor.split)
+def split(tensor, split_size_or_sections, dim=0):
+    """Pieces along ``dim``: of ``split_size`` each (the last may be shorter), or of the listed sizes."""
+    d = _dim(dim, tensor.dim(), "split")
+    size = tensor._shape[d]
+    if isinstance(split_size_or_sections, int):
+        step = _int(split_size_or_sections, "split", "split_size")
+        if step <= 0 and size:
+            raise ScorchValueError(f"split: split_size must be positive, got {step}")
+        sizes = [min(step, size - s) for s in range(0, size, step)] if size else [0]
+    else:
+        sizes = [_int(s, "split", "split_size_or_sections") for s in split_size_or_sections]
+        if sum(sizes) != size or any(s < 0 for s in sizes):
+            raise ScorchValueError(f"split: sections {sizes} must be non-negative and sum to dim {d}'s size {size}")
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    return tuple(narrow(tensor, d, s, n) for s, n in zip(starts, sizes))
+
+
+@implements(torch.chunk, torch.Tensor.chunk)
+def chunk(input, chunks, dim=0):
+    """At most ``chunks`` pieces along ``dim``, each of ``ceil(size / chunks)`` but the last."""
+    chunks = _int(chunks, "chunk", "chunks")
+    if chunks <= 0:
+        raise ScorchValueError(f"chunk: chunks must be positive, got {chunks}")
+    size = input._shape[_dim(dim, input.dim(), "chunk")]
+    return split(input, max(1, -(-size // chunks)), dim)
