@@ -44,8 +44,7 @@ def implements_aten(*ops):
 
 @implements(torch.Tensor.requires_grad_)
 def _requires_grad_(self, requires_grad=True):
-    with torch._C.DisableTorchFunctionSubclass():
-        self.requires_grad_(requires_grad)
+    as_torch_runs(torch.Tensor.requires_grad_, self, requires_grad)
     if requires_grad and isinstance(self, SparseTensor):
         self._grads_keep_pattern()
     return self
@@ -60,6 +59,12 @@ def torch_function(func, types, args, kwargs):
     impl = _FUNCTIONS.get(func)
     if impl is not None:
         return impl(*args, **kwargs)
+    return as_torch_runs(func, *args, **kwargs)
+
+
+def as_torch_runs(func, *args, **kwargs):
+    """``func`` as torch runs it, SparseTensor subclass handling off (its aten ops then reach
+    :func:`torch_dispatch`: a sparse implementation or the dense fallback)."""
     with torch._C.DisableTorchFunctionSubclass():
         return func(*args, **kwargs)
 

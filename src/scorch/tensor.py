@@ -235,7 +235,8 @@ class SparseTensor(torch.Tensor):
             pos, crd = convert.recast(fmt, self.shape, self._pos, self._crd, want)
             return self._keep_grad(self._like(pos=pos, crd=crd, nnz=self._nnz))
         if self._needs_grad():  # the entries' positions travel through the conversion instead of values
-            return self._gathered(self.detach()._positions().asformat(fmt, index_dtype=index_dtype))
+            from .ops.shape import take_positions
+            return take_positions(self.detach()._positions().asformat(fmt, index_dtype=index_dtype), self.values())
         if convert.is_all_dense(self._format):  # its zeros are not entries: store only nonzeros
             return SparseTensor(fmt, self.shape, *_from_dense_with_width(fmt, self.to_dense(), index_dtype))
         if self.dim() == 2 and self._format == _COO2 and fmt == _CSR2:  # the common one, directly
@@ -349,19 +350,14 @@ class SparseTensor(torch.Tensor):
 
     def _positions(self) -> "SparseTensor":
         """This pattern holding 1, 2, ... (float64): each stored entry's position in the values
-        array plus one, so that a conversion shows where every entry went (0: padding)."""
+        array plus one, so that a conversion shows where every entry went (0: padding; see
+        :func:`ops.shape.take_positions`)."""
         ids = torch.zeros(self._values.numel(), dtype=torch.float64)
         _, _, where = convert.coords_of(self._format, self._shape, self._pos, self._crd, self._values,
                                         positions=True)
         ids[where] = (where + 1).to(torch.float64)
         return self._like(values=ids, nnz=self._nnz)
 
-    def _gathered(self, moved: "SparseTensor") -> "SparseTensor":
-        """``moved`` (a conversion of :meth:`_positions`) holding this tensor's values where its
-        entries went, zeros in padding: differentiable w.r.t. this tensor."""
-        values = self.values()
-        source = torch.cat([values.new_zeros(1), values])
-        return moved.with_values(source[moved._values.long()])
 
     def transpose(self, dim0: int, dim1: int) -> "SparseTensor":
         n = self.dim()

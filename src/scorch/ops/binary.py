@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .._dispatch import densified, implements
+from .._dispatch import as_torch_runs, densified, implements
 from ..compiler import driver
 from ..compiler.notation import Access, Op
 from ..tensor import SparseTensor
@@ -27,12 +27,6 @@ from .einsum import _any_requires_grad, einsum
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
-def _plain(func, *args, **kwargs):
-    """Run ``func`` with subclass handling off: aten-level pointwise handling takes over."""
-    with torch._C.DisableTorchFunctionSubclass():
-        return func(*args, **kwargs)
-
-
 def _is_scalar(x) -> bool:
     return not isinstance(x, torch.Tensor) or (not isinstance(x, SparseTensor) and x.dim() == 0)
 
@@ -40,7 +34,7 @@ def _is_scalar(x) -> bool:
 def binary(op: str, a, b, func, args, kwargs):
     if _is_scalar(a) or _is_scalar(b) or (isinstance(a, SparseTensor) and isinstance(b, SparseTensor)
                                           and same_pattern(a, b)):
-        return _plain(func, *args, **kwargs)
+        return as_torch_runs(func, *args, **kwargs)
     shape = torch.broadcast_shapes(a.shape, b.shape)
     sparse_ok = all(tuple(x.shape) == tuple(shape) for x in (a, b) if isinstance(x, SparseTensor))
     if not sparse_ok:

@@ -11,6 +11,7 @@ from ..errors import ScorchValueError
 from ..interop import is_sparse
 from ..tensor import SparseTensor
 from .einsum import einsum, einsum_add
+from .reduce import _entries
 
 _BATCH = "abcdefgh"
 
@@ -151,7 +152,7 @@ def sparse_mm(mat1, mat2, reduce="sum"):
                                f"(as torch's CSR kernel), got {type(mat1).__name__} and {type(mat2).__name__}")
     if mat1.shape[1] != mat2.shape[0]:
         raise ScorchValueError(f"sparse.mm: mat1 {tuple(mat1.shape)} and mat2 {tuple(mat2.shape)} do not chain")
-    rows, cols, vals = _entries(mat1)
+    (rows, cols), vals = _entries(mat1)
     if reduce == "mean":
         count = torch.zeros(mat1.shape[0], dtype=mat2.dtype).index_add_(0, rows, torch.ones_like(vals, dtype=mat2.dtype))
         return matmul(mat1, mat2) / count.clamp(min=1).unsqueeze(1)
@@ -175,13 +176,6 @@ def sampled_addmm(input, mat1, mat2, *, beta=1.0, alpha=1.0, out=None):
     if beta != 0:
         values = values + (input.values() * beta if beta != 1 else input.values())
     return input.with_values(values)
-
-
-def _entries(A: SparseTensor):
-    """Rows, columns and values of a 2-d SparseTensor's stored entries (int64 coordinates)."""
-    from ..convert import coords_of
-    coords, vals = coords_of(A.format, A.shape, A._pos, A._crd, A.values())
-    return coords[0], coords[1], vals
 
 
 @implements(torch.nn.functional.linear)

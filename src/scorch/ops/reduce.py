@@ -20,12 +20,13 @@ import math
 
 import torch
 
-from .._dispatch import check_dense_size, implements
+from .._dispatch import as_torch_runs, check_dense_size, implements
 from ..compiler import build, segments
 from ..convert import coords_of, sort_keys
 from ..errors import ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
 from .einsum import einsum
+from .shape import ravel_coords
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -105,13 +106,22 @@ def mean(x, dim=None, keepdim=False, *, dtype=None):
     return sum_(x, dims, keepdim, dtype=dtype) / count
 
 
+def _fibres(x: SparseTensor, dims):
+    """The stored entries grouped by output position when reducing ``dims``: each entry's group,
+    the number of groups, the elements per group (``fibre``) and the (differentiable) values."""
+    coords, vals = _entries(x)
+    key, groups = _group(coords, x.shape, dims)
+    return key, groups, math.prod(x.shape[d] for d in dims), vals
+
+
+def _shaped(out: torch.Tensor, x: SparseTensor, dims, keepdim: bool) -> torch.Tensor:
+    """One value per group (:func:`_fibres`) in the reduction's result shape."""
+    return _keep(out.reshape([s for d, s in enumerate(x.shape) if d not in dims]), dims, keepdim)
+
+
 def _extreme(x, dim, keepdim, op: str):
     dims = _dims(dim if dim != () else None, x.dim(), op)
-    coords, vals = _entries(x)
-    key, n = _group(coords, x.shape, dims)
-    fibre = 1
-    for d in dims:
-        fibre *= x.shape[d]
+    key, n, fibre, vals = _fibres(x, dims)
     if fibre == 0:
         raise ScorchValueError(f"{op}: cannot reduce over a zero-size dim of a tensor of shape {tuple(x.shape)}")
     init = torch.full((n,), float("-inf") if op == "amax" else float("inf"), dtype=vals.dtype)
@@ -120,8 +130,7 @@ def _extreme(x, dim, keepdim, op: str):
     # A fibre with fewer stored entries than its length holds an implicit zero.
     zero = torch.zeros((), dtype=vals.dtype)
     out = torch.where(stored < fibre, (torch.maximum if op == "amax" else torch.minimum)(out, zero), out)
-    shape = [s for d, s in enumerate(x.shape) if d not in dims]
-    return _keep(out.reshape(shape), dims, keepdim)
+    return _shaped(out, x, dims, keepdim)
 
 
 @implements(torch.amax, torch.Tensor.amax)
@@ -261,18 +270,12 @@ def linalg_norm(A, ord=None, dim=None, keepdim=False, *, out=None, dtype=None):
 
 # ------------------------------------------------------------------ max / min / any / all / count_nonzero / nonzero
 
-def _through_torch(func, *args, **kwargs):
-    """``func`` as torch runs it (for SparseTensors: the aten dispatch, i.e. the dense fallback)."""
-    with torch._C.DisableTorchFunctionSubclass():
-        return func(*args, **kwargs)
-
-
 @implements(torch.max, torch.Tensor.max)
 def max_(input, *args, **kwargs):
     """``max(A)`` over every entry from the stored values (an implicit zero counts where the
     tensor is not full); ``max(A, dim)`` and ``max(A, B)`` as torch runs them."""
     if not isinstance(input, SparseTensor) or not _one_dim(args, kwargs):
-        return _through_torch(torch.max, input, *args, **kwargs)
+        return as_torch_runs(torch.max, input, *args, **kwargs)
     if not args and not kwargs:
         return _whole(input, "amax")
     return torch.return_types.max(_extreme_along(input, *_dim_keepdim(args, kwargs), "amax"))
@@ -281,7 +284,7 @@ def max_(input, *args, **kwargs):
 @implements(torch.min, torch.Tensor.min)
 def min_(input, *args, **kwargs):
     if not isinstance(input, SparseTensor) or not _one_dim(args, kwargs):
-        return _through_torch(torch.min, input, *args, **kwargs)
+        return as_torch_runs(torch.min, input, *args, **kwargs)
     if not args and not kwargs:
         return _whole(input, "amin")
     return torch.return_types.min(_extreme_along(input, *_dim_keepdim(args, kwargs), "amin"))
@@ -312,22 +315,20 @@ def _whole(x: SparseTensor, op: str):
 @implements(torch.count_nonzero, torch.Tensor.count_nonzero)
 def count_nonzero(input, dim=None):
     """Nonzero elements (stored entries holding 0 do not count), over ``dim`` (int or tuple)."""
-    nonzero = input.with_values((input.values() != 0).to(torch.float64))
-    dims = _dims(dim, input.dim(), "count_nonzero")
-    return sum_(nonzero, dims, False).round().to(torch.int64)
+    return sum_(input.with_values(input.values() != 0), _dims(dim, input.dim(), "count_nonzero"), False)
 
 
 @implements(torch.any, torch.Tensor.any)
 def any_(input, *args, **kwargs):
     if args or kwargs:
-        return _through_torch(torch.any, input, *args, **kwargs)
+        return as_torch_runs(torch.any, input, *args, **kwargs)
     return (input.values() != 0).any()
 
 
 @implements(torch.all, torch.Tensor.all)
 def all_(input, *args, **kwargs):
     if args or kwargs:
-        return _through_torch(torch.all, input, *args, **kwargs)
+        return as_torch_runs(torch.all, input, *args, **kwargs)
     return torch.tensor(int(count_nonzero(input)) == input.numel())
 
 
@@ -339,9 +340,7 @@ def nonzero(input, *, out=None, as_tuple=False):
     coords, vals = _entries(input)
     coords = coords[:, vals.detach() != 0]
     if coords.shape[1] > 1:  # level order is not row-major for every format (CSC, permuted views)
-        key = torch.zeros(coords.shape[1], dtype=torch.int64)
-        for d, size in enumerate(input.shape):
-            key = key * size + coords[d]
+        key = ravel_coords(coords, list(input.shape), coords.shape[1])
         coords = coords[:, sort_keys(key, max(1, math.prod(input.shape)))[1]]
     return tuple(coords) if as_tuple else coords.t().contiguous()
 
@@ -358,18 +357,13 @@ def var(input, dim=None, *, correction=1, keepdim=False, unbiased=None):
     if not input.dtype.is_floating_point:
         raise ScorchTypeError(f"var: needs a floating dtype, got {input.dtype}")
     dims = _dims(dim, input.dim(), "var")
-    n = 1
-    for d in dims:
-        n *= input.shape[d]
-    coords, vals = _entries(input)
-    key, groups = _group(coords, input.shape, dims)
+    key, groups, n, vals = _fibres(input, dims)
     mean = torch.zeros(groups, dtype=vals.dtype).index_add(0, key, vals) / max(n, 1)
     stored = torch.bincount(key, minlength=groups).to(vals.dtype)
     dev = vals - mean[key]
     squares = torch.zeros(groups, dtype=vals.dtype).index_add(0, key, dev * dev) + (n - stored) * mean * mean
     out = squares / (n - correction) if n - correction > 0 else squares * float("nan")
-    shape = [s for d, s in enumerate(input.shape) if d not in dims]
-    return _keep(out.reshape(shape), dims, keepdim)
+    return _shaped(out, input, dims, keepdim)
 
 
 @implements(torch.std, torch.Tensor.std)
@@ -381,7 +375,7 @@ def std(input, dim=None, *, correction=1, keepdim=False, unbiased=None):
 def diagonal(input, offset=0, dim1=0, dim2=1):
     """The ``offset``-th diagonal of a 2-d SparseTensor as a dense 1-d tensor (a copy, not a view)."""
     if input.dim() != 2 or dim1 % 2 == dim2 % 2:
-        return _through_torch(torch.diagonal, input, offset, dim1, dim2)
+        return as_torch_runs(torch.diagonal, input, offset, dim1, dim2)
     if dim1 % 2 == 1:
         input = input.t()
     rows, cols = input.shape
@@ -406,7 +400,7 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
     if out is not None:
         raise ScorchValueError("normalize: out= is not supported with a SparseTensor input")
     if not isinstance(input, SparseTensor):
-        return _through_torch(torch.nn.functional.normalize, input, p, dim, eps)
+        return as_torch_runs(torch.nn.functional.normalize, input, p, dim, eps)
     norm = _norm(input, p, dim, True, None, lambda d: torch.linalg.vector_norm(d, p, dim, True))
     return input / norm.clamp_min(eps)
 
@@ -417,17 +411,11 @@ def prod(input, dim=None, keepdim=False, *, dtype=None):
     where it holds an implicit zero."""
     values_dtype = input.dtype if dtype is None else dtype
     dims = _dims(dim, input.dim(), "prod")
-    coords, vals = _entries(input)
-    vals = vals.to(values_dtype)
-    key, groups = _group(coords, input.shape, dims)
-    fibre = 1
-    for d in dims:
-        fibre *= input.shape[d]
-    out = torch.ones(groups, dtype=values_dtype).scatter_reduce(0, key, vals, reduce="prod", include_self=True)
+    key, groups, fibre, vals = _fibres(input, dims)
+    out = torch.ones(groups, dtype=values_dtype).scatter_reduce(0, key, vals.to(values_dtype), reduce="prod",
+                                                                include_self=True)
     full = torch.bincount(key, minlength=groups) == fibre
-    out = torch.where(full, out, torch.zeros((), dtype=values_dtype))
-    shape = [s for d, s in enumerate(input.shape) if d not in dims]
-    return _keep(out.reshape(shape), dims, keepdim)
+    return _shaped(torch.where(full, out, torch.zeros((), dtype=values_dtype)), input, dims, keepdim)
 
 
 @implements(torch.argmax, torch.Tensor.argmax)
@@ -444,26 +432,14 @@ def argmin(input, dim=None, keepdim=False):
 def _arg_extreme(x, dim, keepdim, op: str):
     name = "argmax" if op == "amax" else "argmin"
     if not isinstance(x, SparseTensor):
-        return _through_torch(torch.argmax if op == "amax" else torch.argmin, x, dim, keepdim)
+        return as_torch_runs(torch.argmax if op == "amax" else torch.argmin, x, dim, keepdim)
     if dim is not None:
         return _extreme_along(x, dim, keepdim, op)[1]
     if keepdim:
         return _arg_extreme(x, None, False, op).reshape((1,) * x.dim())
     if x.numel() == 0:
         raise ScorchValueError(f"{name}: the tensor has no elements (shape {tuple(x.shape)})")
-    best = _whole(x, op)
-    coords, vals = _entries(x)
-    flat = torch.zeros(coords.shape[1], dtype=torch.int64)
-    for d, size in enumerate(x.shape):
-        flat = flat * size + coords[d]
-    hits = flat[vals.detach() == best]
-    first = hits.min() if hits.numel() else torch.tensor(x.numel())
-    if best == 0 and flat.numel() < x.numel():  # the first element not stored is a zero too
-        stored = torch.sort(flat).values
-        gaps = torch.nonzero(stored != torch.arange(stored.numel())).flatten()
-        missing = gaps[0] if gaps.numel() else torch.tensor(stored.numel())
-        first = torch.minimum(first, missing)
-    return first
+    return _extreme_along(x.reshape(-1), 0, False, op)[1]   # the flat index: along the flattened tensor
 
 
 def _extreme_along(x: SparseTensor, dim, keepdim: bool, op: str):

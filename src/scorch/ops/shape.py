@@ -94,9 +94,14 @@ def assemble(fmt: Format, shape, coords, ids, source: torch.Tensor, index_dtype=
         return rebuild(fmt, shape, coords, source[ids], index_dtype)
     if not tuple(shape):
         return source[ids].sum()
-    pattern = rebuild(fmt, shape, coords, ids + 1, index_dtype)  # 0: a padding position
+    return take_positions(rebuild(fmt, shape, coords, ids + 1, index_dtype), source)
+
+
+def take_positions(pattern: SparseTensor, source: torch.Tensor) -> SparseTensor:
+    """``pattern`` holding, at each stored entry, ``source[p - 1]`` for the position ``p`` it holds
+    (0: a padding slot, which gets 0); differentiable w.r.t. ``source``."""
     padded = torch.cat([source.new_zeros(1), source])
-    return pattern.with_values(padded[pattern._values])
+    return pattern.with_values(padded[pattern._values.long()])
 
 
 def _rebuild_like(x: SparseTensor, shape, coords, ids):
