@@ -199,3 +199,26 @@ def test_in_place_pointwise_ops_keep_the_pattern(name):
     got = ops[name](A)
     assert got is A and A.nnz == scorch.as_sparse(x, "csr").nnz
     torch.testing.assert_close(A.to_dense(), ops[name](x.clone()))
+
+
+IN_PLACE_ON_DENSE = {
+    "add_": lambda t, a: t.add_(a), "add_ alpha": lambda t, a: t.add_(a, alpha=-0.5),
+    "sub_": lambda t, a: t.sub_(a), "sub_ alpha": lambda t, a: t.sub_(a, alpha=2), "+=": lambda t, a: t.__iadd__(a),
+    "mul_": lambda t, a: t.mul_(a), "addcmul_": lambda t, a: t.addcmul_(a, a, value=3), "copy_": lambda t, a: t.copy_(a),
+    "broadcast add_": lambda t, a: t.unsqueeze(0).expand(2, -1, -1).clone().add_(a),
+}
+
+
+@pytest.mark.parametrize("name", list(IN_PLACE_ON_DENSE))
+@pytest.mark.parametrize("fmt", ["coo", "csr", "ell"])
+def test_in_place_ops_into_a_dense_tensor(name, fmt):
+    """``dense += A`` and kin write into the dense tensor (they raised: the in-place path took the
+    dense destination for a SparseTensor); oracle: the op with the dense value of A."""
+    x = rnd(5, 6)
+    A = scorch.as_sparse(x, fmt)
+    for dtype in (torch.float64, torch.float32):
+        t, ref = torch.linspace(-1, 1, 30, dtype=dtype).view(5, 6), torch.linspace(-1, 1, 30, dtype=dtype).view(5, 6)
+        got, want = IN_PLACE_ON_DENSE[name](t, A), IN_PLACE_ON_DENSE[name](ref, x)
+        assert not isinstance(got, scorch.SparseTensor)
+        assert name == "broadcast add_" or got is t
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

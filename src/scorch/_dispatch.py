@@ -203,11 +203,18 @@ implements(torch.transpose, torch.Tensor.transpose)(SparseTensor.transpose)
 implements(torch.permute, torch.Tensor.permute)(SparseTensor.permute)
 implements(torch.Tensor.detach)(SparseTensor.detach)
 implements(torch.Tensor.to)(SparseTensor.to)
-implements(torch.Tensor.copy_)(SparseTensor.copy_)
 implements(torch.Tensor.to_dense)(SparseTensor.to_dense)
 implements(torch.Tensor.values)(SparseTensor.values)
 implements(torch.Tensor.coalesce)(SparseTensor.coalesce)
 implements(torch.Tensor.indices, torch.Tensor._indices)(SparseTensor.indices)
+
+
+@implements(torch.Tensor.copy_)
+def _copy(self, src, non_blocking=False):
+    if isinstance(self, SparseTensor):
+        return self.copy_(src, non_blocking)
+    # a dense destination: torch broadcasts and casts the dense value of the source
+    return as_torch_runs(torch.Tensor.copy_, self, src.to_dense(), non_blocking)
 
 
 # aten ops that torch itself issues on our wrapper (autograd, nn.Module, copy)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from .._dispatch import dense_fallback, densified, implements, implements_aten, leaves, map_sparse, register_pointwise
+from .._dispatch import check_dense_size, dense_fallback, densified, implements, implements_aten, leaves, map_sparse, register_pointwise
+from ..convert import coords_of
 from ..errors import NotSupportedError, ScorchValueError
 from ..tensor import SparseTensor
 from ._pattern import project, same_pattern
@@ -87,6 +88,8 @@ def _values_of(a: SparseTensor) -> torch.Tensor:
 
 @register_pointwise
 def pointwise(func, args, kwargs):
+    if func._schema.is_mutable and not isinstance(args[0], SparseTensor):
+        return _into_dense(func, args, kwargs)
     flat = leaves(args, kwargs)
     sparse = [a for a in flat if isinstance(a, SparseTensor)]
     ref = sparse[0]
@@ -117,6 +120,27 @@ def pointwise(func, args, kwargs):
     if out.shape == ref._values.shape and out.is_contiguous():
         return ref._on_pattern(out)   # the pattern as it is: nothing to check again
     return ref._like(values=out, nnz=ref._nnz)
+
+
+_SCATTER_ADD = {torch.ops.aten.add_.Tensor: 1, torch.ops.aten.sub_.Tensor: -1}
+
+
+def _into_dense(func, args, kwargs):
+    """An in-place op writing into a dense tensor (``dense += A``, an optimizer's
+    ``param.add_(sparse_grad, alpha=-lr)``): dense by definition.  ``add_`` / ``sub_`` of a
+    SparseTensor of the same shape and dtype add its stored values in place (no dense copy)."""
+    dst = args[0]
+    other = args[1] if len(args) > 1 else kwargs.get("other")
+    sign = _SCATTER_ADD.get(func)
+    if sign is not None and isinstance(other, SparseTensor) and other.shape == dst.shape \
+            and other.dtype == dst.dtype:
+        alpha = args[2] if len(args) > 2 else kwargs.get("alpha", 1)
+        coords, _, where = coords_of(other._format, other._shape, other._pos, other._crd, other._values,
+                                     positions=True)
+        vals = other._values[where]
+        return dst.index_put_(tuple(coords), vals if sign * alpha == 1 else vals * (sign * alpha), accumulate=True)
+    check_dense_size(f"{func.overloadpacket.__name__} writes into a dense tensor, and", leaves(args, kwargs))
+    return densified(func, args, kwargs)
 
 
 # ------------------------------------------------------------------ non-pointwise ops the optimizers and autograd use
