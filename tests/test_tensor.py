@@ -307,6 +307,34 @@ def test_torch_sparse_vocabulary(x):
         A.numpy()
 
 
+def test_torch_sparse_accessors_and_conversions(x):
+    """torch.sparse code runs on a SparseTensor: ``_nnz()``, ``sparse_dim()``, CSR / CSC / BSR
+    index accessors (as torch's, up to the index dtype) and ``to_sparse_*`` conversions (to the
+    matching preset, staying a SparseTensor); oracle: the same calls on torch's own layouts."""
+    A = scorch.as_sparse(x, "coo")
+    T = x.to_sparse()
+    assert A._nnz() == T._nnz() and torch.Tensor._nnz(A) == T._nnz()
+    assert (A.sparse_dim(), A.dense_dim()) == (T.sparse_dim(), T.dense_dim())
+    C = A.to_sparse_csr()
+    assert isinstance(C, SparseTensor) and C.format.name == "csr" and torch.equal(C.to_dense(), x)
+    assert torch.equal(C.crow_indices().long(), x.to_sparse_csr().crow_indices())
+    assert torch.equal(C.col_indices().long(), x.to_sparse_csr().col_indices())
+    S = A.to_sparse(layout=torch.sparse_csc)
+    assert torch.equal(S.ccol_indices().long(), x.to_sparse_csc().ccol_indices())
+    assert torch.equal(S.row_indices().long(), x.to_sparse_csc().row_indices())
+    B = torch.Tensor.to_sparse_bsr(A, (2, 2))
+    assert B.format.block == (2, 2) and torch.equal(B.to_dense(), x)
+    assert torch.equal(B.crow_indices().long(), x.to_sparse_bsr((2, 2)).crow_indices())
+    assert torch.equal(A.to_sparse_bsc((3, 4)).to_dense(), x)
+    assert C.to_sparse_coo().format.name == "coo" and A.to_sparse(2).format.name == "coo"
+    with pytest.raises(TypeError, match="crow_indices\\(\\): expects a 2-d SparseTensor in csr or bsr"):
+        A.crow_indices()
+    with pytest.raises(ValueError, match="sparse_dim=1"):
+        A.to_sparse(1)
+    with pytest.raises(ValueError, match="blocksize"):
+        A.to_sparse(layout=torch.sparse_bsr)
+
+
 def test_from_levels_validates():
     A = SparseTensor.from_levels("csr", (2, 3), [None, torch.tensor([0, 1, 2])], [None, torch.tensor([2, 0])],
                                  torch.tensor([1., 2.]))
@@ -325,7 +353,7 @@ def test_kernel_results_on_a_pattern_match_the_constructor(dtype):
     SparseTensor the constructor builds from the same parts: fields, cache-key part, values."""
     A = scorch.as_sparse(torch.tensor([[0., 1., 0.], [2., 0., 3.]]), "csr")
     v = torch.arange(3, dtype=dtype) + 1
-    got, want = A._on_pattern(v), scorch.SparseTensor(A._format, A._shape, A._pos, A._crd, v, nnz=A._nnz)
+    got, want = A._on_pattern(v), scorch.SparseTensor(A._format, A._shape, A._pos, A._crd, v, nnz=A._stored)
     assert (got.format, got.shape, got.dtype, got.nnz, got._sig) == (want.format, want.shape, want.dtype, want.nnz,
                                                                      want._sig)
     torch.testing.assert_close(got.to_dense(), want.to_dense())

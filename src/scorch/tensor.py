@@ -58,9 +58,10 @@ class SparseTensor(torch.Tensor):
         return self
 
     def _grads_keep_pattern(self) -> None:
-        """On a leaf that requires grad: a hook giving a dense gradient this tensor's pattern (the
-        gradient of an op that ran on the dense tensor, e.g. ``exp``, is dense; every scorch op's
-        is in the pattern, and an optimizer updates the stored values in place)."""
+        """On a leaf that requires grad: a hook giving a gradient this tensor's pattern (the
+        gradient of an op that ran on the dense tensor, e.g. ``exp``, is dense; torch's backward
+        of a composite, e.g. ``diff``'s, may sum sparse gradients into a wider pattern; an
+        optimizer updates the stored values in place)."""
         if getattr(self, "_pattern_hook", False) or self.grad_fn is not None:
             return
         self.register_hook(functools.partial(_grad_in_pattern, weakref.ref(self)))
@@ -89,9 +90,9 @@ class SparseTensor(torch.Tensor):
         contig = lambda t: None if t is None else t.contiguous()  # noqa: E731
         self._pos, self._crd = tuple(map(contig, pos)), tuple(map(contig, crd))
         self._values = values.contiguous()
-        self._nnz = self._count_nnz() if nnz is None else nnz
+        self._stored = self._count_nnz() if nnz is None else nnz
         n = math.prod(self._shape)
-        self._density = self._nnz / n if n else 0.0   # read on every dispatch decision
+        self._density = self._stored / n if n else 0.0   # read on every dispatch decision
         # the part of a kernel call's cache key this tensor gives (compiler.driver._signature)
         self._sig = (self._format._key, self._values.dtype, self._crd_dtype(), self._shape)
 
@@ -107,7 +108,7 @@ class SparseTensor(torch.Tensor):
         new = torch.Tensor._make_wrapper_subclass(SparseTensor, torch.Size(self._shape), dtype=values.dtype,
                                                   device=values.device)
         new._format, new._shape, new._pos, new._crd = self._format, self._shape, self._pos, self._crd
-        new._values, new._nnz, new._density = values, self._nnz, self._density
+        new._values, new._stored, new._density = values, self._stored, self._density
         new._sig = (self._format._key, values.dtype) + self._sig[2:]
         return new
 
@@ -150,7 +151,7 @@ class SparseTensor(torch.Tensor):
 
     @property
     def nnz(self) -> int:
-        return self._nnz
+        return self._stored
 
     @property
     def density(self) -> float:
@@ -193,7 +194,7 @@ class SparseTensor(torch.Tensor):
         if values.requires_grad and torch.is_grad_enabled():
             from .ops.einsum import FromValues
             return FromValues.apply(self.detach(), values)
-        return self._like(values=values, nnz=self._nnz)
+        return self._like(values=values, nnz=self._stored)
 
     def pos(self, level: int) -> torch.Tensor | None:
         """``pos`` array of a compressed level (None for other kinds)."""
@@ -233,7 +234,7 @@ class SparseTensor(torch.Tensor):
             if want == self.index_dtype:
                 return self
             pos, crd = convert.recast(fmt, self.shape, self._pos, self._crd, want)
-            return self._keep_grad(self._like(pos=pos, crd=crd, nnz=self._nnz))
+            return self._keep_grad(self._like(pos=pos, crd=crd, nnz=self._stored))
         if self._needs_grad():  # the entries' positions travel through the conversion instead of values
             from .ops.shape import take_positions
             return take_positions(self.detach()._positions().asformat(fmt, index_dtype=index_dtype), self.values())
@@ -277,6 +278,77 @@ class SparseTensor(torch.Tensor):
         """``ndim x nnz`` int64 coordinates of the stored entries (as torch's COO ``indices()``)."""
         return self.coo()[0]
 
+    def _nnz(self) -> int:
+        """torch's ``_nnz()``: the number of stored entries."""
+        return self._stored
+
+    def sparse_dim(self) -> int:
+        return self.dim()
+
+    def dense_dim(self) -> int:
+        return 0
+
+    # torch.sparse compressed vocabulary, for a 2-d SparseTensor in the matching preset
+    def crow_indices(self) -> torch.Tensor:
+        return self._compressed_level("crow_indices", ("csr", "bsr"), pos=True)
+
+    def col_indices(self) -> torch.Tensor:
+        return self._compressed_level("col_indices", ("csr", "bsr"), pos=False)
+
+    def ccol_indices(self) -> torch.Tensor:
+        return self._compressed_level("ccol_indices", ("csc", "bsc"), pos=True)
+
+    def row_indices(self) -> torch.Tensor:
+        return self._compressed_level("row_indices", ("csc", "bsc"), pos=False)
+
+    def _compressed_level(self, op: str, names: tuple, pos: bool) -> torch.Tensor:
+        name = self._format.name or ""
+        if self.dim() != 2 or not name.startswith(names):
+            raise ScorchTypeError(
+                f"{op}(): expects a 2-d SparseTensor in {' or '.join(names)} format, got "
+                f"{name or 'a user-defined format'} with {self.dim()} dims; convert with x.asformat({names[0]!r})")
+        return self._pos[1] if pos else self._crd[1]
+
+    # torch's conversions to a sparse layout: the matching preset, kept a SparseTensor
+    def to_sparse(self, *args, layout=None, blocksize=None, dense_dim=None) -> "SparseTensor":
+        """``to_sparse()`` / ``to_sparse(sparse_dim)``: COO; ``to_sparse(layout=..., blocksize=...)``:
+        that layout's preset (CSR, CSC, BSR, BSC)."""
+        if args and isinstance(args[0], int) and not isinstance(args[0], bool):
+            if args[0] != self.dim():
+                raise ScorchValueError(f"to_sparse: sparse_dim={args[0]}: every dim of a SparseTensor is sparse "
+                                       f"(expected {self.dim()})")
+            args = args[1:]
+        if args:
+            layout = args[0]
+        if dense_dim not in (None, 0):
+            raise ScorchValueError(f"to_sparse: dense_dim={dense_dim} is not supported (values are scalars)")
+        names = {None: "coo", torch.sparse_coo: "coo", torch.sparse_csr: "csr", torch.sparse_csc: "csc",
+                 torch.sparse_bsr: "bsr", torch.sparse_bsc: "bsc"}
+        if layout not in names:
+            raise ScorchValueError(f"to_sparse: layout must be a torch sparse layout, got {layout!r}")
+        name = names[layout]
+        if name in ("bsr", "bsc"):
+            if blocksize is None or len(tuple(blocksize)) != 2:
+                raise ScorchValueError(f"to_sparse: layout {layout} needs blocksize=(rows, cols), got {blocksize!r}")
+            from .format import bsc_format, bsr_format
+            return self.asformat((bsr_format if name == "bsr" else bsc_format)(*blocksize))
+        return self.asformat(name)
+
+    def to_sparse_coo(self) -> "SparseTensor":
+        return self.to_sparse()
+
+    def to_sparse_csr(self, dense_dim=None) -> "SparseTensor":
+        return self.to_sparse(layout=torch.sparse_csr, dense_dim=dense_dim)
+
+    def to_sparse_csc(self, dense_dim=None) -> "SparseTensor":
+        return self.to_sparse(layout=torch.sparse_csc, dense_dim=dense_dim)
+
+    def to_sparse_bsr(self, blocksize, dense_dim=None) -> "SparseTensor":
+        return self.to_sparse(layout=torch.sparse_bsr, blocksize=blocksize, dense_dim=dense_dim)
+
+    def to_sparse_bsc(self, blocksize, dense_dim=None) -> "SparseTensor":
+        return self.to_sparse(layout=torch.sparse_bsc, blocksize=blocksize, dense_dim=dense_dim)
+
     def numpy(self, *, force: bool = False):
         raise ScorchTypeError("numpy(): a SparseTensor has no dense buffer; use x.to_dense().numpy() "
                               "or x.to_scipy()")
@@ -297,7 +369,7 @@ class SparseTensor(torch.Tensor):
             return self
         if copy and values is self._values:   # copy=True: never the caller's values (the pattern is immutable)
             values = values.clone()
-        out = self._like(pos=pos, crd=crd, values=values, nnz=self._nnz)
+        out = self._like(pos=pos, crd=crd, values=values, nnz=self._stored)
         if self._needs_grad():  # the cast in the graph: values() -> cast -> this pattern
             return out.with_values(self.values().to(device=device, dtype=dtype, non_blocking=non_blocking, copy=copy))
         return out
@@ -317,11 +389,11 @@ class SparseTensor(torch.Tensor):
     def clone(self, *, memory_format=None) -> "SparseTensor":
         clone = lambda t: None if t is None else t.clone()  # noqa: E731
         out = self._like(pos=tuple(map(clone, self._pos)), crd=tuple(map(clone, self._crd)),
-                         values=self._values.clone(), nnz=self._nnz)
+                         values=self._values.clone(), nnz=self._stored)
         return out.with_values(self.values().clone()) if self._needs_grad() else out
 
     def detach(self) -> "SparseTensor":
-        return self._like(values=self._values.detach(), nnz=self._nnz)
+        return self._like(values=self._values.detach(), nnz=self._stored)
 
     def copy_(self, src, non_blocking: bool = False) -> "SparseTensor":
         """Take ``src``'s entries (its pattern too), in this tensor's format and dtype."""
@@ -329,7 +401,7 @@ class SparseTensor(torch.Tensor):
         if tuple(src.shape) != tuple(self.shape):
             raise ScorchValueError(f"copy_: src has shape {tuple(src.shape)}, expected {tuple(self.shape)}")
         s = as_sparse(src, self._format, index_dtype=self.index_dtype)
-        self._set_storage(s._pos, s._crd, s._values.to(self.dtype), s._nnz)
+        self._set_storage(s._pos, s._crd, s._values.to(self.dtype), s._stored)
         return self
 
     # ------------------------------------------------------------ shape: mode-order changes, no copy
@@ -341,7 +413,7 @@ class SparseTensor(torch.Tensor):
         if sorted(perm) != list(range(n)):
             raise ScorchValueError(f"permute: dims must be a permutation of 0..{n - 1}, got {tuple(dims)}")
         shape = tuple(self.shape[p] for p in perm)
-        return self._keep_grad(self._like(fmt=self._format.permuted(perm), shape=shape, nnz=self._nnz))
+        return self._keep_grad(self._like(fmt=self._format.permuted(perm), shape=shape, nnz=self._stored))
 
     def _keep_grad(self, view: "SparseTensor") -> "SparseTensor":
         """``view`` (this tensor's values in the same order, under another format, shape or index
@@ -356,7 +428,7 @@ class SparseTensor(torch.Tensor):
         _, _, where = convert.coords_of(self._format, self._shape, self._pos, self._crd, self._values,
                                         positions=True)
         ids[where] = (where + 1).to(torch.float64)
-        return self._like(values=ids, nnz=self._nnz)
+        return self._like(values=ids, nnz=self._stored)
 
 
     def transpose(self, dim0: int, dim1: int) -> "SparseTensor":
@@ -384,7 +456,7 @@ class SparseTensor(torch.Tensor):
         shape = tuple(self.shape)
         extra = ", requires_grad=True" if self.requires_grad else ""
         vals = repr(self._values.detach()).replace("\n", "\n" + " " * 7)
-        return (f"SparseTensor(shape={shape}, format={self._format}, nnz={self._nnz}, "
+        return (f"SparseTensor(shape={shape}, format={self._format}, nnz={self._stored}, "
                 f"density={self.density:.4g}, dtype={self.dtype}, index_dtype={self.index_dtype}{extra},\n"
                 f"       values={vals})")
 
@@ -398,7 +470,7 @@ class SparseTensor(torch.Tensor):
         import copy
         out = SparseTensor(self._format, self.shape, copy.deepcopy(self._pos, memo),
                            copy.deepcopy(self._crd, memo), copy.deepcopy(self._values, memo),
-                           requires_grad=self.requires_grad, nnz=self._nnz)
+                           requires_grad=self.requires_grad, nnz=self._stored)
         memo[id(self)] = out
         return out
 
@@ -410,7 +482,7 @@ class SparseTensor(torch.Tensor):
                 names.append(f"_pos_{k}")
             if self._crd[k] is not None:
                 names.append(f"_crd_{k}")
-        return names, (self._format.to_spec(), tuple(self.shape), self._nnz)
+        return names, (self._format.to_spec(), tuple(self.shape), self._stored)
 
     def __getattr__(self, name):  # only reached for attributes not found normally
         if name.startswith(("_pos_", "_crd_")):
@@ -477,10 +549,12 @@ def _from_dense_with_width(fmt, x, index_dtype):
 
 def _grad_in_pattern(ref, grad):
     x = ref()
-    if x is None or grad is None or isinstance(grad, SparseTensor):
+    if x is None or grad is None:
         return grad
-    from .ops._pattern import project
-    return x._like(values=project(grad, x).to(x._values.dtype), nnz=x._nnz)
+    from .ops._pattern import project, same_pattern
+    if isinstance(grad, SparseTensor) and same_pattern(grad, x):
+        return grad
+    return x._like(values=project(grad, x).to(x._values.dtype), nnz=x._stored)
 
 
 def _rebuild_sparse(version, spec, shape, pos, crd, values, requires_grad):

@@ -405,7 +405,7 @@ def _caller(b: _Bound):
     for slot, kind, t, k, per in entries:
         args[slot] = _arg_expr(kind, t, k, per)
     args[slots["out"]] = "out.data_ptr()"
-    work = [str(int(f)) if k is None else f"ops[{int(k)}]._nnz * {int(f)}" for k, f in b.work] or ["0"]
+    work = [str(int(f)) if k is None else f"ops[{int(k)}]._stored * {int(f)}" for k, f in b.work] or ["0"]
     dims = [str(int(n)) for n in b.out_shape]
     shape, tup = ", ".join(dims), _tuple_text(dims)
     lines = ["def call(ops, init=()):",
@@ -618,7 +618,7 @@ def _prepare(sched, ops):
 
 def _in_dtype(ops, cdtype):
     """The operands with their values in ``cdtype``, the type the kernels compute in."""
-    return [(x if x._values.dtype == cdtype else x._like(values=x._values.to(cdtype), nnz=x._nnz))
+    return [(x if x._values.dtype == cdtype else x._like(values=x._values.to(cdtype), nnz=x._stored))
             if isinstance(x, SparseTensor) else x.to(cdtype) for x in ops]
 
 
@@ -647,7 +647,7 @@ def _work(factors, ops) -> int:
     """The loop nest's inner iterations estimated from :func:`_work_factors`."""
     work = 0
     for k, f in factors:  # a loop, not max() over a generator: this runs on every cached call
-        w = f if k is None else ops[k]._nnz * f
+        w = f if k is None else ops[k]._stored * f
         work = w if w > work else work
     return work
 

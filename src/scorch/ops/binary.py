@@ -74,7 +74,7 @@ class _Elementwise(torch.autograd.Function):
             if not need:
                 out.append(None)
             elif isinstance(x, SparseTensor):
-                out.append(x._like(values=(sign * project(grad, x)).to(x.dtype), nnz=x._nnz))
+                out.append(x._like(values=(sign * project(grad, x)).to(x.dtype), nnz=x._stored))
             else:
                 g = grad.to_dense() if isinstance(grad, SparseTensor) else grad
                 out.append((sign * g).to(x.dtype))

@@ -166,10 +166,10 @@ def _grad_of(ein, ops, k, grad):
     others = [(t, x) for j, (t, x) in enumerate(zip(ein.inputs, ops)) if j != k]
     x = ops[k]
     if isinstance(x, SparseTensor):
-        mask = x._like(values=torch.ones_like(x._values), nnz=x._nnz)
+        mask = x._like(values=torch.ones_like(x._values), nnz=x._stored)
         terms = [t_k, out] + [t for t, _ in others]
         g = driver.einsum(",".join(terms) + "->" + t_k, mask, grad, *[o for _, o in others])
-        return x._like(values=project(g, x).to(x.dtype), nnz=x._nnz)
+        return x._like(values=project(g, x).to(x.dtype), nnz=x._stored)
     have = set(out) | {c for t, _ in others for c in t}
     kept = "".join(c for c in t_k if c in have)
     terms = [out] + [t for t, _ in others]
@@ -195,7 +195,7 @@ class ToDense(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
-        return x._like(values=project(grad, x).to(x.dtype), nnz=x._nnz)
+        return x._like(values=project(grad, x).to(x.dtype), nnz=x._stored)
 
 
 class FromValues(torch.autograd.Function):
@@ -204,7 +204,7 @@ class FromValues(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, values):
         ctx.pattern = x
-        return x._like(values=values, nnz=x._nnz)
+        return x._like(values=values, nnz=x._stored)
 
     @staticmethod
     def backward(ctx, grad):
@@ -222,4 +222,4 @@ class Values(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x = ctx.pattern
-        return x._like(values=grad, nnz=x._nnz)
+        return x._like(values=grad, nnz=x._stored)

@@ -100,7 +100,9 @@ def pointwise(func, args, kwargs):
         # sparse * dense (autograd's grad * f'(x)): zero wherever the sparse operand is.
         dense = next(a for a in args if isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor))
         if torch.broadcast_shapes(dense.shape, ref.shape) == ref.shape:
-            return ref._like(values=ref._values * project(dense.expand(ref.shape), ref), nnz=ref._nnz)
+            return ref._like(values=ref._values * project(dense.expand(ref.shape), ref), nnz=ref._stored)
+    if not shared and not mutable and len(sparse) == 2 and func in _CO_ITERATED and args[:2] == tuple(sparse):
+        return _co_iterated(func, args, kwargs)
     if not shared:
         if mutable:
             raise NotSupportedError(
@@ -119,7 +121,24 @@ def pointwise(func, args, kwargs):
     out = func(*vargs, **vkwargs)
     if out.shape == ref._values.shape and out.is_contiguous():
         return ref._on_pattern(out)   # the pattern as it is: nothing to check again
-    return ref._like(values=out, nnz=ref._nnz)
+    return ref._like(values=out, nnz=ref._stored)
+
+
+_CO_ITERATED = {torch.ops.aten.add.Tensor: torch.add, torch.ops.aten.sub.Tensor: torch.sub,
+                 torch.ops.aten.mul.Tensor: torch.mul}
+
+
+def _co_iterated(func, args, kwargs):
+    """sparse +- * sparse with different patterns reached at the aten level (``torch.diff``, a
+    composite's arithmetic): the union / intersection kernels of :mod:`.binary`.  Autograd has
+    recorded the op already: no second graph."""
+    from .binary import binary   # binary builds on the einsum layer, which imports this module
+    a, b = args[0], args[1]
+    alpha = args[2] if len(args) > 2 else kwargs.get("alpha", 1)
+    op = {torch.add: "+", torch.sub: "-", torch.mul: "*"}[_CO_ITERATED[func]]
+    with torch.no_grad():
+        b = b * alpha if alpha != 1 else b
+        return binary(op, a, b, _CO_ITERATED[func], (a, b), {})
 
 
 _SCATTER_ADD = {torch.ops.aten.add_.Tensor: 1, torch.ops.aten.sub_.Tensor: -1}
@@ -161,7 +180,7 @@ for _op, _make in ((torch.ops.aten.ones_like.default, torch.ones), (torch.ops.at
 @implements_aten(torch.ops.aten.zeros_like.default, torch.ops.aten.empty_like.default)
 def _zeros_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     """Zeros in the same pattern: the same dense value as torch's, and it stays sparse."""
-    return x._like(values=torch.zeros_like(x._values, dtype=dtype), nnz=x._nnz)
+    return x._like(values=torch.zeros_like(x._values, dtype=dtype), nnz=x._stored)
 
 
 @implements_aten(torch.ops.aten.zero_.default)
@@ -191,4 +210,4 @@ def dropout(input, p=0.5, training=True, inplace=False):
     if inplace:
         input._values.copy_(values.detach())
         return input
-    return input.detach().with_values(values) if values.requires_grad else input._like(values=values, nnz=input._nnz)
+    return input.detach().with_values(values) if values.requires_grad else input._like(values=values, nnz=input._stored)

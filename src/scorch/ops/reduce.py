@@ -156,7 +156,7 @@ def _softmax(x: SparseTensor, dim, log: bool, dtype=None, op="softmax", scale: f
             and not (torch.is_grad_enabled() and vals.requires_grad):
         # runs of d's level: one generated kernel (max, exp-sum, scale per run and column)
         res = segments.softmax(runs[0], vals, scale, log, runs[1])
-        return x._like(values=res, nnz=x._nnz)
+        return x._like(values=res, nnz=x._stored)
     if scale != 1.0:
         vals = vals * scale
     if runs is not None:  # each group is one contiguous run (CSR rows), per column of the width
@@ -168,7 +168,7 @@ def _softmax(x: SparseTensor, dim, log: bool, dtype=None, op="softmax", scale: f
         total = torch.segment_reduce(e, "sum", lengths=lengths, axis=0, unsafe=True)
         total = total.repeat_interleave(lengths, dim=0, output_size=cols.shape[0])
         res = (shifted - total.log() if log else e / total).reshape(-1)
-        return x.detach().with_values(res) if res.requires_grad else x._like(values=res, nnz=x._nnz)
+        return x.detach().with_values(res) if res.requires_grad else x._like(values=res, nnz=x._stored)
     coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
     v = vals[where]
     key, n = _group(coords, x.shape, (d,))
@@ -178,7 +178,7 @@ def _softmax(x: SparseTensor, dim, log: bool, dtype=None, op="softmax", scale: f
     total = torch.zeros(n, dtype=v.dtype).index_add(0, key, e)
     res = shifted - total.log()[key] if log else e / total[key]
     full = torch.zeros(vals.shape, dtype=res.dtype).index_put((where,), res)
-    return x.detach().with_values(full) if full.requires_grad else x._like(values=full, nnz=x._nnz)
+    return x.detach().with_values(full) if full.requires_grad else x._like(values=full, nnz=x._stored)
 
 
 def _row_runs(x: SparseTensor, d: int):

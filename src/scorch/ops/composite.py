@@ -1,0 +1,142 @@
+"""aten ops that torch's composite functions decompose into, on SparseTensors.
+
+``A.H``, ``torch.moveaxis``, ``torch.hstack``, ``torch.diff``, ``torch.linalg.matmul``,
+``torch.nanmean``... are written in terms of other ops (``transpose``, ``permute``, ``cat``,
+``slice``, ``mm``, ``sum``) that reach :func:`scorch._dispatch.torch_dispatch` with
+the SparseTensor rather than its torch function.  Each handler here runs the torch-level sparse
+implementation of that op instead of the dense fallback.  These calls sit below autograd, which
+has recorded the aten op already: the implementations run under ``no_grad`` (no second graph),
+and torch's derivative formulas -- again these ops -- take care of the backward.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .._dispatch import implements_aten
+from . import linalg, reduce, shape
+
+aten = torch.ops.aten
+
+
+def _below_autograd(fn):
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with torch.no_grad():
+            return fn(*args, **kwargs)
+    return run
+
+
+def _on(*ops):
+    return lambda fn: implements_aten(*ops)(_below_autograd(fn))
+
+
+@_on(aten.transpose.int)
+def _transpose(self, dim0, dim1):
+    return self.transpose(dim0, dim1)
+
+
+@_on(aten.t.default)
+def _t(self):
+    return self.t()
+
+
+@_on(aten.permute.default)
+def _permute(self, dims):
+    return self.permute(*dims)
+
+
+@_on(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def _view(self, size):
+    return shape.reshape(self, tuple(size))
+
+
+@_on(aten.unsqueeze.default)
+def _unsqueeze(self, dim):
+    return shape.unsqueeze(self, dim)
+
+
+@_on(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
+def _squeeze(self, dim=None):
+    return shape.squeeze(self, tuple(dim) if isinstance(dim, (list, tuple)) else dim)
+
+
+@_on(aten.cat.default)
+def _cat(tensors, dim=0):
+    return shape.cat(list(tensors), dim)
+
+
+@_on(aten.stack.default)
+def _stack(tensors, dim=0):
+    return shape.stack(list(tensors), dim)
+
+
+@_on(aten.slice.Tensor)
+def _slice(self, dim=0, start=None, end=None, step=1):
+    d = shape._dim(dim, self.dim(), "slice")
+    return shape.getitem(self, (slice(None),) * d + (slice(start, end, step),))
+
+
+@_on(aten.select.int)
+def _select(self, dim, index):
+    return shape.select(self, dim, index)
+
+
+@_on(aten.index_select.default)
+def _index_select(self, dim, index):
+    return shape.index_select(self, dim, index)
+
+
+@_on(aten.flip.default)
+def _flip(self, dims):
+    return shape.flip(self, list(dims))
+
+
+@_on(aten.mm.default)
+def _mm(self, mat2):
+    return linalg.mm(self, mat2)
+
+
+@_on(aten.sum.default)
+def _sum_all(self, dtype=None):
+    return reduce.sum_(self, dtype=dtype)
+
+
+@_on(aten.sum.dim_IntList)
+def _sum(self, dim, keepdim=False, dtype=None):
+    return reduce.sum_(self, None if dim is None or len(dim) == 0 else tuple(dim), keepdim, dtype=dtype)
+
+
+@_on(aten.mean.dim)
+def _mean(self, dim, keepdim=False, dtype=None):
+    return reduce.mean(self, None if dim is None or len(dim) == 0 else tuple(dim), keepdim, dtype=dtype)
+
+
+@_on(aten.linalg_vector_norm.default)
+def _vector_norm(self, ord=2, dim=None, keepdim=False, dtype=None):
+    return reduce.vector_norm(self, ord, dim, keepdim, dtype=dtype)
+
+
+# ---------------------------------------------------------------- the backward of slicing a SparseTensor
+
+@_on(aten.slice_backward.default)
+def _slice_backward(grad, input_sizes, dim, start, end, step):
+    """A sparse gradient of ``x[..., start:end:step]`` placed back at its positions in ``x``."""
+    d = dim % len(input_sizes)
+    size = input_sizes[d]
+    start = min(max(start + size if start < 0 else start, 0), size)
+    coords, ids = shape.entries(grad)
+    coords[d] = start + coords[d] * step
+    return shape.assemble(grad._format, list(input_sizes), coords, ids, grad.values(), grad.index_dtype)
+
+
+@_on(aten.select_backward.default)
+def _select_backward(grad, input_sizes, dim, index):
+    """A sparse gradient of ``x.select(dim, index)``, with ``dim`` put back."""
+    d = dim % len(input_sizes)
+    index = index + input_sizes[d] if index < 0 else index
+    coords, ids = shape.entries(grad)
+    coords = torch.cat([coords[:d], torch.full((1, ids.numel()), index, dtype=torch.int64), coords[d:]])
+    return shape.assemble(grad._format, list(input_sizes), coords, ids, grad.values(), grad.index_dtype)

@@ -1,0 +1,142 @@
+"""torch functions that decompose into other ops (A.H, moveaxis, hstack, diff, linalg.matmul...)
+and the reductions of :mod:`scorch.ops.statistics` on SparseTensors.
+
+Oracle: the same call on the dense tensor with plain torch.  None may reach the dense fallback
+(set to raise here); gradients are checked with gradcheck on the stored values.
+"""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import scorch
+from scorch import SparseTensor
+
+from strategies import make_dense
+from test_shape_ops import SETTINGS, sparse_tensors
+
+
+@pytest.fixture(autouse=True)
+def no_dense_fallback(monkeypatch):
+    monkeypatch.setattr(scorch.config, "dense_fallback", "raise")
+
+
+def dense(y):
+    return y.to_dense() if isinstance(y, SparseTensor) else y
+
+
+X = make_dense((3, 4), 0.5, 1, torch.float64)
+W = torch.arange(1.0, 9.0, dtype=torch.float64).view(4, 2)
+
+COMPOSITES = {  # name: (function, sparse result?)
+    "H": (lambda t: t.H, True), "mH": (lambda t: t.mH, True), "adjoint": (lambda t: t.adjoint(), True),
+    "moveaxis": (lambda t: torch.moveaxis(t, 0, 1), True), "swapaxes": (lambda t: t.swapaxes(0, 1), True),
+    "fliplr": (torch.fliplr, True), "flipud": (torch.flipud, True),
+    "hstack": (lambda t: torch.hstack([t, t]), True), "vstack": (lambda t: torch.vstack([t, t]), True),
+    "dstack": (lambda t: torch.dstack([t, t]), True), "column_stack": (lambda t: torch.column_stack([t, t]), True),
+    "atleast_3d": (torch.atleast_3d, True), "view_as": (lambda t: t.view_as(X), True),
+    "reshape_as": (lambda t: t.reshape_as(X.t()), True), "narrow": (lambda t: t.narrow(1, 1, 2), True),
+    "diff": (lambda t: torch.diff(t, dim=1), True), "diff n=2 dim 0": (lambda t: torch.diff(t, n=2, dim=0), True),
+    "linalg.matmul": (lambda t: torch.linalg.matmul(t, W), False),
+    "cosine_similarity": (lambda t: torch.nn.functional.cosine_similarity(t, t + 0, dim=1), False),
+}
+
+
+@pytest.mark.parametrize("name", list(COMPOSITES))
+@pytest.mark.parametrize("fmt", ["coo", "csr", "csc", "ell"])
+def test_composite_functions_run_sparse(name, fmt):
+    f, sparse = COMPOSITES[name]
+    out = f(scorch.as_sparse(X, fmt))
+    assert isinstance(out, SparseTensor) == sparse
+    torch.testing.assert_close(dense(out), f(X), rtol=1e-12, atol=0)
+
+
+GRAD_CASES = ["H", "moveaxis", "fliplr", "hstack", "dstack", "narrow", "diff", "diff n=2 dim 0", "linalg.matmul"]
+
+
+@pytest.mark.parametrize("name", GRAD_CASES)
+def test_composite_functions_are_differentiable(name):
+    """torch records the decomposed ops; their backward (slice_backward, select_backward, permute,
+    cat, mm...) runs on sparse gradients too, and the leaf's gradient keeps its pattern."""
+    f = COMPOSITES[name][0]
+    A = scorch.as_sparse(X, "csr")
+    v = A.values().clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda v: dense(f(A.with_values(v))), (v,))
+    L = A.detach().clone().requires_grad_()
+    weights = torch.linspace(-1, 1, dense(f(X)).numel(), dtype=torch.float64).view(dense(f(X)).shape)
+    (dense(f(L)) * weights).sum().backward()
+    Xg = X.clone().requires_grad_()
+    (f(Xg) * weights).sum().backward()
+    assert isinstance(L.grad, SparseTensor) and L.grad.nnz == L.nnz
+    torch.testing.assert_close(L.grad.to_dense(), Xg.grad * (X != 0))
+
+
+# ================================================================ statistics
+
+
+def _with_nan(x: torch.Tensor, seed: int) -> torch.Tensor:
+    """``x`` with some nonzeros replaced by NaN."""
+    g = torch.Generator().manual_seed(seed)
+    hit = (x != 0) & (torch.rand(x.shape, generator=g) < 0.3)
+    return torch.where(hit, torch.full((), float("nan"), dtype=x.dtype), x)
+
+
+@SETTINGS
+@given(st.data())
+def test_nan_reductions_match_dense(data):
+    A, x = data.draw(sparse_tensors(max_dims=3))
+    if not x.dtype.is_floating_point:
+        return
+    x = _with_nan(x, data.draw(st.integers(0, 99)))
+    A = scorch.as_sparse(x, A.format)
+    dim = data.draw(st.sampled_from([None, 0, -1, tuple(range(x.dim()))]))
+    keepdim = data.draw(st.booleans())
+    if dim is None:
+        torch.testing.assert_close(torch.nansum(A), torch.nansum(x), equal_nan=True)
+        torch.testing.assert_close(torch.nanmean(A), torch.nanmean(x), equal_nan=True)
+    else:
+        torch.testing.assert_close(torch.nansum(A, dim, keepdim), torch.nansum(x, dim, keepdim), equal_nan=True)
+        torch.testing.assert_close(torch.nanmean(A, dim, keepdim), torch.nanmean(x, dim, keepdim), equal_nan=True)
+
+
+@SETTINGS
+@given(st.data())
+def test_logsumexp_matches_dense(data):
+    A, x = data.draw(sparse_tensors(max_dims=3))
+    dim = data.draw(st.sampled_from([0, -1, tuple(range(x.dim()))]))
+    keepdim = data.draw(st.booleans())
+    want = torch.logsumexp(x, dim, keepdim)
+    got = torch.logsumexp(A, dim, keepdim)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_logsumexp_extremes_match_dense():
+    """Large values (the shift matters), -inf and +inf entries, all-absent fibres."""
+    x = torch.tensor([[1000.0, 0, 999.0], [float("-inf"), 0, 0], [float("inf"), 0, 1], [0, 0, 0]],
+                     dtype=torch.float64)
+    for fmt in ("csr", "coo"):
+        A = scorch.as_sparse(x, fmt)
+        for dim in (0, 1):
+            torch.testing.assert_close(torch.logsumexp(A, dim), torch.logsumexp(x, dim), equal_nan=True)
+    full = torch.tensor([[float("-inf"), float("-inf")]], dtype=torch.float64)
+    assert torch.equal(torch.logsumexp(scorch.as_sparse(full, "csr"), 1), torch.logsumexp(full, 1))
+
+
+def test_statistics_match_dense_and_are_differentiable():
+    A = scorch.as_sparse(X, "csr")
+    for dim in (None, 0, 1):
+        kw = {} if dim is None else {"dim": dim}
+        for got, want in zip(torch.aminmax(A, **kw), torch.aminmax(X, **kw)):
+            assert torch.equal(got, want)
+        for f in (torch.var_mean, torch.std_mean):
+            for got, want in zip(f(A, **kw), f(X, **kw)):
+                torch.testing.assert_close(got, want)
+    B = scorch.as_sparse(make_dense((3, 4), 0.5, 7, torch.float64), "csr")
+    for p in (1, 2, 3, float("inf")):
+        torch.testing.assert_close(torch.dist(A, B, p), torch.dist(X, B.to_dense(), p))
+    v = A.values().clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda v: torch.logsumexp(A.with_values(v), 1), (v,))
+    assert torch.autograd.gradcheck(lambda v: torch.nanmean(A.with_values(v), 0), (v,))
+    assert torch.autograd.gradcheck(lambda v: torch.dist(A.with_values(v), B), (v,))
