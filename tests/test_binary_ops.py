@@ -42,6 +42,8 @@ CASES = [  # (name, function, sparse result?)
     ("sub", lambda A, B, x: torch.sub(A, B), True),
     ("mul", lambda A, B, x: torch.mul(A, x), True),
     ("A+A", lambda A, B, x: A + A, True),
+    ("A//2", lambda A, B, x: A // 2, True),
+    ("floor_divide", lambda A, B, x: torch.floor_divide(A, 3), True),
 ]
 
 

@@ -403,3 +403,36 @@ def test_bound_call_converting_the_result_takes_the_method():
     assert bound.call == bound.__call__
     bound = driver._BOUND[driver._signature("ij->i", "dense", (A,))]
     assert bound.call.__code__.co_filename == "<scorch bound call>"
+
+
+DIAGONALS = [  # (equation, operand shapes, which operands are sparse)
+    ("ii->i", [(4, 4)], [0]), ("ii", [(4, 4)], [0]), ("ii->", [(4, 4)], [0]), ("ii,i->i", [(4, 4), (4,)], [0]),
+    ("ij,jj->i", [(3, 4), (4, 4)], [0, 1]), ("ij,jj->i", [(3, 4), (4, 4)], [1]), ("iji->ij", [(3, 2, 3)], [0]),
+    ("iji,j->i", [(3, 2, 3), (2,)], [0]), ("iji", [(3, 2, 3)], [0]), ("bii->b", [(2, 3, 3)], [0]),
+    ("ii,ij->j", [(3, 3), (3, 5)], [1]),
+]
+
+
+@pytest.mark.parametrize("eq,shapes,sparse", DIAGONALS, ids=[d[0] + str(d[2]) for d in DIAGONALS])
+@pytest.mark.parametrize("fmt", ["coo", "csr"])
+def test_an_index_repeated_within_a_sparse_operand_takes_its_diagonal(eq, shapes, sparse, fmt):
+    """``torch.einsum("ii->i", A)`` and kin (diagonals, traces) with sparse operands: the diagonal
+    is taken on coordinates (they raised); oracle: torch.einsum on the dense operands, and
+    gradcheck through the diagonal (w.r.t. the stored values and a dense operand)."""
+    dense = [rnd(*s, density=0.6, seed=k) for k, s in enumerate(shapes)]
+    ops = [scorch.as_sparse(x, fmt) if k in sparse else x for k, x in enumerate(dense)]
+    torch.testing.assert_close(dense_of(torch.einsum(eq, *ops)), torch.einsum(eq, *dense))
+    k = sparse[0]
+    v = ops[k].values().clone().requires_grad_()
+    others = [x.clone().requires_grad_() if j not in sparse else x for j, x in enumerate(ops)]
+
+    def f(v, *rest):
+        args = list(rest)
+        args[k] = ops[k].with_values(v)
+        return dense_of(torch.einsum(eq, *args))
+    assert torch.autograd.gradcheck(f, (v, *others))
+
+
+def test_a_repeated_index_over_unequal_sizes_is_a_clear_error():
+    with pytest.raises(ValueError, match="index 'i' repeats in operand 0 over dims of sizes 2 and 3"):
+        torch.einsum("ii->i", scorch.as_sparse(torch.ones(2, 3), "csr"))

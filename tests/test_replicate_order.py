@@ -177,6 +177,7 @@ ORDERS = {
     "cumsum dtype": lambda t: t.cumsum(0, dtype=torch.float32),
     "cumprod": lambda t: torch.cumprod(t, 0),
     "logcumsumexp": lambda t: torch.logcumsumexp(t, 1),
+    "cummax": lambda t: torch.cummax(t, 1).values, "cummin indices": lambda t: t.cummin(0).indices,
 }
 
 
@@ -219,3 +220,39 @@ def test_kron_gradient_reaches_a_dense_operand():
     A = scorch.as_sparse(rnd(3, 4, seed=2), "csr")
     y = torch.tensor([[0.0, 2.0], [1.0, 0.0]], dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda y: torch.kron(A, y).to_dense(), (y,))
+
+
+# ================================================================ kthvalue / median / nanmedian
+
+
+@SETTINGS
+@given(st.data())
+def test_kthvalue_and_medians_match_dense(data):
+    A, x = data.draw(sparse_tensors(max_dims=3))
+    if x.numel() == 0 or not x.dtype.is_floating_point:
+        return
+    if data.draw(st.booleans()):   # some NaNs among the stored values
+        hit = (x != 0) & (torch.rand(x.shape, generator=torch.Generator().manual_seed(data.draw(st.integers(0, 9)))) < 0.3)
+        x = torch.where(hit, torch.full((), float("nan"), dtype=x.dtype), x)
+        A = scorch.as_sparse(x, A.format)
+    dim = data.draw(st.integers(-A.dim(), A.dim() - 1))
+    keepdim = data.draw(st.booleans())
+    if x.shape[dim]:
+        k = data.draw(st.integers(1, x.shape[dim]))
+        cases = [(torch.kthvalue(A, k, dim, keepdim), torch.kthvalue(x, k, dim, keepdim)),
+                 (torch.median(A, dim, keepdim), torch.median(x, dim, keepdim)),
+                 (A.nanmedian(dim, keepdim), x.nanmedian(dim, keepdim))]
+        for (v, i), (rv, ri) in cases:
+            assert_dense_equal_nan(v, rv)
+            assert i.dtype == torch.int64 and i.shape == ri.shape
+            assert_dense_equal_nan(x.gather(dim, i if keepdim else i.unsqueeze(dim)).reshape(v.shape), v)
+    assert_dense_equal_nan(torch.median(A), torch.median(x))
+    assert_dense_equal_nan(torch.nanmedian(A), torch.nanmedian(x))
+
+
+def test_median_gradient_reaches_the_stored_values():
+    A = scorch.as_sparse(torch.tensor([[1.5, 0, -3, 0.25, 2], [0, 2, 0, 0, 0], [-1, -2, 4, 3, 0.5]],
+                                      dtype=torch.float64), "csr")
+    v = A.values().clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda v: torch.median(A.with_values(v), 1).values, (v,))
+    assert torch.autograd.gradcheck(lambda v: torch.kthvalue(A.with_values(v), 2, 0).values, (v,))

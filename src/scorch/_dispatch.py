@@ -87,14 +87,18 @@ def torch_dispatch(func, types, args, kwargs):
 
 
 _IN_PLACE: dict = {}
+_UNTAGGED = {"floor_divide", "floor_divide_"}   # elementwise, but aten leaves the tag off
 
 
 def _in_place_pointwise(func) -> bool:
     """An in-place op whose out-of-place form is tagged pointwise (aten leaves the tag off a few,
-    ``abs_`` and ``threshold_`` among them)."""
+    ``abs_`` and ``threshold_`` among them), or an untagged elementwise op (``floor_divide``)."""
     found = _IN_PLACE.get(func)
     if found is None:
         name = func.overloadpacket.__name__
+        if name in _UNTAGGED and func._overloadname in ("default", "Scalar", "Tensor"):
+            _IN_PLACE[func] = True
+            return True
         base = getattr(torch.ops.aten, name[:-1], None) if name.endswith("_") and not name.startswith("_") else None
         overload = getattr(base, func._overloadname, None) if base is not None else None
         found = _IN_PLACE[func] = overload is not None and torch.Tag.pointwise in overload.tags

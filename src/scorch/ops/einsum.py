@@ -18,7 +18,7 @@ from .. import config, runtime
 from .._dispatch import implements
 from ..compiler import driver
 from ..compiler.notation import parse
-from ..errors import NotSupportedError
+from ..errors import NotSupportedError, ScorchValueError
 from ..tensor import SparseTensor
 from ._pattern import project
 
@@ -42,6 +42,7 @@ def _einsum(equation: str, operands, format, init):
     """The dispatch shared by ``einsum`` and ``einsum_add``: dense torch, the autograd
     function, or the compiled kernel directly."""
     operands, init = tuple(runtime.maybe_sparsify(operands)), tuple(init)
+    equation, operands = _diagonals(equation, operands)
     key = driver._signature(equation, format, operands, init)  # once per call: dispatch and kernel caches
     if _dense_path(equation, operands, format, key):
         dense = [x.to_dense() if isinstance(x, SparseTensor) else x for x in driver._operands(operands)]
@@ -51,6 +52,68 @@ def _einsum(equation: str, operands, format, init):
     if torch.is_grad_enabled() and _any_requires_grad(tensors):
         return _Einsum.apply(equation, format, len(init), *driver._operands(operands), *init)
     return driver.run(key, equation, operands, format, init)
+
+
+_REPEATS: dict = {}  # equation -> (operands repeating an index: (k, term, its distinct letters), rewritten)
+
+
+def _diagonals(equation: str, operands: tuple):
+    """An index repeated within one operand (``"ii->i"``, ``"ii"``, ``"iij,j->i"``) takes that
+    operand's diagonal first -- a sparse one on its coordinates, differentiably -- and the
+    equation is rewritten with distinct indices (kept explicit: an implicit output is the
+    original's).  Other equations pass through (one dict lookup)."""
+    found = _REPEATS.get(equation) if isinstance(equation, str) else ((), equation)
+    if found is None:
+        found = _repeats(equation)
+        if len(_REPEATS) < 4096:
+            _REPEATS[equation] = found
+    repeats, rewritten = found
+    if not repeats or len(operands) != rewritten.partition("->")[0].count(",") + 1:
+        return equation, operands   # nothing repeated, or a miscount parse() will report
+    ops = list(operands)
+    for k, term, uniq in repeats:
+        x = ops[k]
+        if isinstance(x, torch.Tensor) and not isinstance(x, SparseTensor) and x.layout != torch.strided:
+            x = driver._operands((x,))[0]
+        ops[k] = _sparse_diagonal(x, term, k, equation) if isinstance(x, SparseTensor) \
+            else torch.einsum(f"{term}->{uniq}", x)
+    return rewritten, tuple(ops)
+
+
+def _repeats(equation: str):
+    lhs, arrow, rhs = equation.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    repeats = []
+    for k, t in enumerate(terms):
+        uniq = "".join(dict.fromkeys(t))
+        if "." not in t and uniq != t:
+            repeats.append((k, t, uniq))
+            terms[k] = uniq
+    if not repeats:
+        return (), equation
+    if not arrow:  # the implicit output: indices appearing once, sorted (from the original terms)
+        letters = [c for c in lhs if c.isalpha()]
+        rhs = ("..." if "..." in lhs else "") + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    return tuple(repeats), ",".join(terms) + "->" + rhs
+
+
+def _sparse_diagonal(x: SparseTensor, term: str, k: int, equation: str) -> SparseTensor:
+    """The entries of ``x`` whose coordinates agree wherever ``term`` repeats an index, indexed by
+    the distinct indices (``"ii"`` -> the diagonal, ``"iji"`` -> ``x[a, b, a]`` at ``[a, b]``)."""
+    from .shape import assemble, entries
+    if x.dim() != len(term):
+        raise ScorchValueError(f"einsum {equation!r}: operand {k} has {x.dim()} dims, its term {term!r} names {len(term)}")
+    first = [term.index(c) for c in dict.fromkeys(term)]
+    for p, c in enumerate(term):
+        if x.shape[p] != x.shape[term.index(c)]:
+            raise ScorchValueError(f"einsum {equation!r}: index {c!r} repeats in operand {k} over dims of sizes "
+                                   f"{x.shape[term.index(c)]} and {x.shape[p]}; a repeated index needs equal sizes")
+    coords, ids = entries(x)
+    keep = torch.ones(ids.numel(), dtype=torch.bool)
+    for p, c in enumerate(term):
+        keep &= coords[p] == coords[term.index(c)]
+    return assemble(x._format, [x.shape[p] for p in first], coords[first][:, keep], ids[keep], x.values(),
+                    x.index_dtype)
 
 
 def _any_requires_grad(tensors) -> bool:

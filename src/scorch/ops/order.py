@@ -1,11 +1,13 @@
-"""Order along a dim: ``topk`` from the stored entries; ``sort`` / ``argsort`` / ``msort`` and the
-scans (``cumsum`` / ``cumprod`` / ``logcumsumexp``) as dense results.
+"""Order along a dim: ``topk``, ``kthvalue``, ``median`` / ``nanmedian`` from the stored
+entries; ``sort`` / ``argsort`` / ``msort`` and the scans (``cumsum`` / ``cumprod`` /
+``cummax`` / ``cummin`` / ``logcumsumexp``) as dense results.
 
 ``topk`` compares, per fibre, its ``k`` best stored values with its first ``k`` unstored
-positions (implicit zeros): the work is sorting the stored entries plus ``2k`` candidates per
-fibre, not the dense size.  Its results are dense ``(values, indices)`` as torch's, differentiable
-w.r.t. the stored values; ties among zeros pick the lowest unstored positions (torch leaves
-the choice among ties open).
+positions (implicit zeros); ``kthvalue`` and the medians count: a fibre in ascending order is
+its negative stored values, its zeros, its other stored values.  The work is sorting the
+stored entries plus a few values per fibre, not the dense size.  Results are dense
+``(values, indices)`` as torch's, differentiable w.r.t. the stored values; a zero's index is
+the fibre's first unstored position (torch leaves the choice among ties open).
 
 A sort or a scan of a sparse fibre is dense by nature (every position gets a value), so those
 run on the dense tensor without the fallback's warning, under the same size bound
@@ -24,7 +26,8 @@ from ..tensor import SparseTensor
 from .reduce import _entries, _group
 from .shape import _dim, _int
 
-__all__ = ["topk", "sort", "argsort", "msort", "cumsum", "cumprod", "logcumsumexp"]
+__all__ = ["topk", "kthvalue", "median", "nanmedian", "sort", "argsort", "msort", "cumsum", "cumprod", "cummax", "cummin",
+           "logcumsumexp"]
 
 _I64 = torch.int64
 
@@ -64,6 +67,98 @@ def topk(input, k, dim=-1, largest=True, sorted=True, *, out=None):
     rest = [s for i, s in enumerate(input.shape) if i != d]
     values, indices = (t.reshape(rest + [k]).movedim(-1, d) for t in (values, indices))
     return torch.return_types.topk((values, indices))
+
+
+def _kth(x: SparseTensor, d: int, ks: torch.Tensor):
+    """``(values, indices)`` of each fibre's ``ks[f]``-th smallest element (1-based, NaN largest)
+    along ``d``, flat over the fibres.  A fibre in order is its negative stored values, then its
+    zeros (the implicit ones: at its first unstored position), then the rest of its stored values."""
+    coords, vals = _entries(x)
+    key, fibres = _group(coords, x.shape, (d,))
+    along, size = coords[d], x.shape[d]
+    order = _by_value(vals.detach(), largest=False)
+    order = order[sort_keys(key[order], max(1, fibres))[1]]          # by fibre, ascending within
+    counts = torch.bincount(key, minlength=fibres)
+    start = torch.cumsum(counts, 0) - counts
+    neg = torch.zeros(fibres, dtype=_I64).index_add_(0, key, (vals.detach() < 0).long())
+    zeros = size - counts
+    j = ks - 1
+    is_zero = (j >= neg) & (j < neg + zeros)
+    at = start + torch.where(j < neg, j, j - zeros).clamp(min=0)
+    at = torch.minimum(at, torch.clamp(start + counts - 1, min=0)).clamp(max=max(key.numel() - 1, 0))
+    pick = order[at] if key.numel() else torch.zeros(fibres, dtype=_I64)
+    stored_val = vals[pick] if key.numel() else torch.zeros(fibres, dtype=vals.dtype)
+    stored_at = along[pick] if key.numel() else torch.zeros(fibres, dtype=_I64)
+    values = torch.where(is_zero, torch.zeros((), dtype=vals.dtype), stored_val)
+    indices = torch.where(is_zero, _unstored(key, along, fibres, size, 1)[:, 0], stored_at)
+    return values, indices
+
+
+def _along(x: SparseTensor, d: int, keepdim: bool, *flat):
+    """Flat per-fibre results in the reduction's shape (``d`` removed, or kept as size 1)."""
+    rest = [s for i, s in enumerate(x.shape) if i != d]
+    return tuple(t.reshape(rest).unsqueeze(d) if keepdim else t.reshape(rest) for t in flat)
+
+
+def _dim_of(input, dim, op: str):
+    d = _dim(dim, input.dim(), op)
+    if input.shape[d] == 0:
+        raise ScorchValueError(f"{op}: dim {d} has size 0 (shape {tuple(input.shape)})")
+    return d
+
+
+@implements(torch.kthvalue, torch.Tensor.kthvalue)
+def kthvalue(input, k, dim=-1, keepdim=False, *, out=None):
+    """The ``k``-th smallest element along ``dim`` (1-based) and its position."""
+    if out is not None:
+        raise ScorchValueError("kthvalue: out= is not supported with a SparseTensor input")
+    d = _dim_of(input, dim, "kthvalue")
+    k = _int(k, "kthvalue", "k")
+    if not 1 <= k <= input.shape[d]:
+        raise ScorchValueError(f"kthvalue: k={k} is out of range for dim {d} of size {input.shape[d]} "
+                               f"(expected 1 <= k <= {input.shape[d]})")
+    fibres = input.numel() // input.shape[d]
+    values, indices = _kth(input, d, torch.full((fibres,), k, dtype=_I64))
+    return torch.return_types.kthvalue(_along(input, d, keepdim, values, indices))
+
+
+def _median(input, dim, keepdim, op: str, skip_nan: bool):
+    if dim is None:
+        flat = input.reshape(-1)
+        if flat.shape[0] == 0:
+            return torch.full((), float("nan"), dtype=input.dtype)
+        return _median(flat, 0, False, op, skip_nan)[0]
+    d = _dim_of(input, dim, op)
+    size, fibres = input.shape[d], input.numel() // input.shape[d]
+    coords, vals = _entries(input)
+    key = _group(coords, input.shape, (d,))[0]
+    nan = torch.isnan(vals.detach())
+    nans = torch.zeros(fibres, dtype=_I64).index_add_(0, key, nan.long())
+    count = size - nans if skip_nan else torch.full((fibres,), size, dtype=_I64)
+    values, indices = _kth(input, d, torch.clamp((count + 1) // 2, min=1))
+    if not skip_nan:   # a NaN anywhere in the fibre: NaN, at its first NaN
+        first = torch.full((fibres,), size, dtype=_I64).scatter_reduce(0, key[nan], coords[d][nan], "amin")
+        values = torch.where(nans > 0, torch.full((), float("nan"), dtype=values.dtype), values)
+        indices = torch.where(nans > 0, first, indices)
+    return torch.return_types.median(_along(input, d, keepdim, values, indices))
+
+
+@implements(torch.median, torch.Tensor.median)
+def median(input, dim=None, keepdim=False, *, out=None):
+    """The lower median (of ``size`` elements, the ``(size + 1) // 2``-th smallest), NaN where
+    the fibre holds one; without ``dim``, of every element (a 0-d tensor)."""
+    if out is not None:
+        raise ScorchValueError("median: out= is not supported with a SparseTensor input")
+    return _median(input, dim, keepdim, "median", skip_nan=False)
+
+
+@implements(torch.nanmedian, torch.Tensor.nanmedian)
+def nanmedian(input, dim=None, keepdim=False, *, out=None):
+    """The lower median of the non-NaN elements (NaN where there are none)."""
+    if out is not None:
+        raise ScorchValueError("nanmedian: out= is not supported with a SparseTensor input")
+    out = _median(input, dim, keepdim, "nanmedian", skip_nan=True)
+    return out if dim is None else torch.return_types.nanmedian(tuple(out))
 
 
 def _by_value(vals: torch.Tensor, largest: bool) -> torch.Tensor:
@@ -114,5 +209,7 @@ argsort = implements(torch.argsort, torch.Tensor.argsort)(_dense_result(torch.ar
 msort = implements(torch.msort, torch.Tensor.msort)(_dense_result(torch.msort, "msort"))
 cumsum = implements(torch.cumsum, torch.Tensor.cumsum)(_dense_result(torch.cumsum, "cumsum"))
 cumprod = implements(torch.cumprod, torch.Tensor.cumprod)(_dense_result(torch.cumprod, "cumprod"))
+cummax = implements(torch.cummax, torch.Tensor.cummax)(_dense_result(torch.cummax, "cummax"))
+cummin = implements(torch.cummin, torch.Tensor.cummin)(_dense_result(torch.cummin, "cummin"))
 logcumsumexp = implements(torch.logcumsumexp, torch.Tensor.logcumsumexp)(_dense_result(torch.logcumsumexp,
                                                                                         "logcumsumexp"))
