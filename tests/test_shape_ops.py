@@ -362,9 +362,9 @@ def test_int_index_of_1d_gives_a_dense_scalar():
         assert type(out) is torch.Tensor and out.shape == () and out.dtype == torch.float32 and float(out) == v
 
 
-@pytest.mark.parametrize("key", [
-    torch.tensor([True, False, True]), True, 1.5, (torch.tensor([0]), torch.tensor([1])),
-    (0, slice(None), torch.tensor([1])), torch.tensor([[0, 1]]), [True, False, True],
+@pytest.mark.parametrize("key", [   # (bool masks and tensors on the leading dims: tests/test_lookup.py)
+    True, 1.5, (slice(None), torch.tensor([0]), torch.tensor([1])), (slice(None), torch.tensor([[0, 1]])),
+    (0, slice(None), torch.tensor([1])), [True, False, True],
 ], ids=repr)
 def test_unsupported_keys_raise_with_a_workaround(key):
     A = scorch.as_sparse(sample((3, 3, 3)), "csr")

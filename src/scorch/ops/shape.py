@@ -371,7 +371,8 @@ def narrow(input, dim, start, length):
 def _unsupported_key(key, why: str):
     return NotSupportedError(
         f"indexing a SparseTensor with {key!r}: {why}; supported: ints, slices with a positive step, "
-        "None, ..., and one 1-d integer tensor/list; use x.to_dense()[...] instead")
+        "None, ..., one 1-d integer tensor/list, integer tensors or bool masks on the leading dims; use "
+        "x.to_dense()[...] instead")
 
 
 def _classify(item):
@@ -387,7 +388,7 @@ def _classify(item):
     if isinstance(item, torch.Tensor):
         if item.dtype in (torch.bool, torch.uint8) or item.dtype.is_floating_point or item.dtype.is_complex:
             return None, None
-        return ("int", int(item)) if item.dim() == 0 else (("take", item) if item.dim() == 1 else (None, None))
+        return ("int", int(item)) if item.dim() == 0 else ("take", item)
     if isinstance(item, (list, tuple)):
         if all(isinstance(i, int) and not isinstance(i, bool) for i in item):
             return "take", item
@@ -416,12 +417,15 @@ def _parse_key(key, ndim: int) -> list:
 
 
 def _check_advanced(items, key) -> None:
-    """One tensor index at most, and not separated from the int indices (torch would
-    then move the indexed dim to the front)."""
+    """Several tensor indices only on the leading dims, the others whole (:func:`_points`); one
+    not separated from the int indices (torch would then move the indexed dim to the front)."""
     takes = [i for i, (kind, _) in enumerate(items) if kind == "take"]
-    if len(takes) > 1:
-        raise _unsupported_key(key, "several tensor indices (torch broadcasts them together)")
-    if takes:
+    if len(takes) > 1 or any(torch.as_tensor(items[i][1]).dim() != 1 for i in takes):
+        lead = next((i for i, (kind, _) in enumerate(items) if kind not in ("take", "int")), len(items))
+        if any(kind != "slice" or v != slice(None) for kind, v in items[lead:]):
+            raise _unsupported_key(key, "several tensor indices not on the leading dims (or with other dims "
+                                        "sliced); supported: x[i, j] with tensors i, j on the first dims")
+    elif takes:
         adv = [i for i, (kind, _) in enumerate(items) if kind in ("int", "take")]
         if adv[-1] - adv[0] + 1 != len(adv):
             raise _unsupported_key(key, "a tensor index separated from an int index")
@@ -438,15 +442,68 @@ def _index_dim(coords, ids, d: int, kind: str, v, size: int):
     return *_take(coords, ids, d, idx), idx.numel()
 
 
+def _masks_as_indices(x: SparseTensor, key):
+    """A bool mask key as the integer indices of its True positions (torch's meaning): one over
+    the leading dims (``x[mask]``), or 1-d ones in a tuple without None / Ellipsis."""
+    def bool_tensor(k):
+        return isinstance(k, torch.Tensor) and not isinstance(k, SparseTensor) and k.dtype == torch.bool and k.dim()
+    if bool_tensor(key):
+        if tuple(key.shape) != tuple(x.shape[:key.dim()]):
+            raise ScorchIndexError(f"indexing: the mask's shape {tuple(key.shape)} does not match the indexed "
+                                   f"tensor's leading dims {tuple(x.shape[:key.dim()])}")
+        return key.nonzero(as_tuple=True)
+    if isinstance(key, tuple) and any(bool_tensor(k) for k in key) and not any(k is None or k is Ellipsis for k in key):
+        out = []
+        for d, k in enumerate(key):
+            if bool_tensor(k):
+                if k.dim() != 1 or d >= x.dim() or k.shape[0] != x.shape[d]:
+                    raise ScorchIndexError(f"indexing: mask of shape {tuple(k.shape)} at dim {d} must be 1-d of "
+                                           f"the dim's size ({x.shape[d] if d < x.dim() else 'no such dim'})")
+                k = k.nonzero().reshape(-1)
+            out.append(k)
+        return tuple(out)
+    return key
+
+
+def _points(x: SparseTensor, items, key):
+    """``x[i, j, ...]`` with tensors (and ints) on the first ``m`` dims, broadcast together: the
+    result's leading dims are their broadcast shape, then ``x``'s other dims; dense when ``m``
+    covers every dim (as torch gives it), else sparse."""
+    m = next((i for i, (kind, _) in enumerate(items) if kind not in ("take", "int")), len(items))
+    idx = [torch.as_tensor(v) for _, v in items[:m]]
+    for t in idx:
+        if t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex:
+            raise ScorchTypeError(f"indexing: index tensors must hold integers, got dtype {t.dtype}")
+    try:
+        idx = torch.broadcast_tensors(*idx)
+    except RuntimeError:
+        raise ScorchIndexError(f"indexing: the index shapes {[tuple(t.shape) for t in idx]} do not broadcast "
+                               "together") from None
+    lead = tuple(idx[0].shape)
+    flat = [_index_tensor(t.reshape(-1), x._shape[d], f"indexing dim {d}", negative=True) for d, t in enumerate(idx)]
+    sizes = list(x._shape[:m])
+    coords, ids = entries(x)
+    keyed = torch.cat([ravel_coords(coords[:m], sizes, ids.numel()).unsqueeze(0), coords[m:]])
+    keyed, ids = _take(keyed, ids, 0, ravel_coords(flat, sizes, flat[0].numel()))
+    rows = unravel_coords(keyed[0], list(lead)) if lead else []
+    out = _rebuild_like(x, lead + tuple(x._shape[m:]), _stack_rows(list(rows) + list(keyed[1:]), ids.numel()), ids)
+    return out.to_dense() if m == x.dim() and isinstance(out, SparseTensor) else out
+
+
 @implements(torch.Tensor.__getitem__)
 def getitem(x, key):
     """``x[key]`` for ints, positive-step slices, None, Ellipsis and one integer index
     tensor/list, on any dims; other keys raise NotSupportedError."""
     if not isinstance(x, SparseTensor):
         return _dense_call(torch.Tensor.__getitem__, x, key)
+    key = _masks_as_indices(x, key)
+    items = _parse_key(key, x.dim())
+    if sum(kind == "take" for kind, _ in items) > 1 or any(kind == "take" and torch.as_tensor(v).dim() != 1
+                                                           for kind, v in items):
+        return _points(x, items, key)
     coords, ids = entries(x)
     rows, shape, d = [], [], 0  # rows: the input dim of each output dim (None: a new dim)
-    for kind, v in _parse_key(key, x.dim()):
+    for kind, v in items:
         if kind == "new":
             rows.append(None)
             shape.append(1)

@@ -1,0 +1,98 @@
+"""Reading elements at given positions: ``take``, ``gather`` / ``take_along_dim`` and
+``masked_select`` on a SparseTensor, all as point lookups (``x[i, j, ...]``, see
+:func:`scorch.ops.shape.getitem`): each position is searched among the stored entries (zero
+where none is stored).  Results are dense, as torch's; differentiable w.r.t. the stored values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._dispatch import implements
+from ..errors import ScorchIndexError, ScorchTypeError, ScorchValueError
+from ..tensor import SparseTensor
+from .shape import _dim, getitem
+
+__all__ = ["take", "gather", "take_along_dim", "masked_select"]
+
+
+def _integer(index, op: str) -> torch.Tensor:
+    if not isinstance(index, torch.Tensor) or isinstance(index, SparseTensor):
+        raise ScorchTypeError(f"{op}: index must be a dense integer tensor, got {type(index).__name__}")
+    if index.dtype == torch.bool or index.dtype.is_floating_point or index.dtype.is_complex:
+        raise ScorchTypeError(f"{op}: index must hold integers, got dtype {index.dtype}")
+    return index
+
+
+def _sparse_input(input, op: str) -> SparseTensor:
+    if not isinstance(input, SparseTensor):
+        raise ScorchTypeError(f"{op}: a SparseTensor is only supported as the input, got "
+                              f"{type(input).__name__} as the input")
+    return input
+
+
+def _dense(out):
+    """A lookup's result as torch gives it: dense (one 1-d index is index_select's sparse form)."""
+    return out.to_dense() if isinstance(out, SparseTensor) else out
+
+
+@implements(torch.take, torch.Tensor.take)
+def take(input, index):
+    """The elements at flat (row-major) positions ``index``, in ``index``'s shape."""
+    x = _sparse_input(input, "take")
+    return _dense(getitem(x.reshape(-1), (_integer(index, "take"),)))
+
+
+@implements(torch.gather, torch.Tensor.gather)
+def gather(input, dim, index, *, sparse_grad=False, out=None):
+    """``out[p] = input[p with its dim-th coordinate replaced by index[p]]``."""
+    if out is not None:
+        raise ScorchValueError("gather: out= is not supported with a SparseTensor input")
+    x = _sparse_input(input, "gather")
+    index = _integer(index, "gather")
+    d = _dim(dim, x.dim(), "gather")
+    if index.dim() != x.dim():
+        raise ScorchValueError(f"gather: index needs as many dims as the input ({x.dim()}), got {index.dim()}")
+    for e in range(x.dim()):
+        if e != d and index.shape[e] > x.shape[e]:
+            raise ScorchIndexError(f"gather: index's size {index.shape[e]} at dim {e} exceeds the input's "
+                                   f"{x.shape[e]}")
+    if index.numel() == 0:
+        return torch.zeros(index.shape, dtype=x.dtype)
+    if int(index.min()) < 0 or int(index.max()) >= x.shape[d]:
+        bad = int(index.min()) if int(index.min()) < 0 else int(index.max())
+        raise ScorchIndexError(f"gather: index {bad} is out of range for dim {d} of size {x.shape[d]} "
+                               f"(expected [0, {x.shape[d] - 1}])")
+    key = tuple(index if e == d else torch.arange(index.shape[e]).reshape([-1 if f == e else 1
+                                                                          for f in range(x.dim())])
+                for e in range(x.dim()))
+    return _dense(getitem(x, key))
+
+
+@implements(torch.take_along_dim, torch.Tensor.take_along_dim)
+def take_along_dim(input, indices, dim=None, *, out=None):
+    """``gather`` with ``indices`` broadcast against the input along the other dims (no ``dim``:
+    ``take`` on the flattened input)."""
+    if out is not None:
+        raise ScorchValueError("take_along_dim: out= is not supported with a SparseTensor input")
+    if dim is None:
+        return take(input, _integer(indices, "take_along_dim").reshape(-1))
+    x = _sparse_input(input, "take_along_dim")
+    d = _dim(dim, x.dim(), "take_along_dim")
+    shape = list(x.shape)
+    shape[d] = indices.shape[d] if indices.dim() == x.dim() else -1
+    return gather(x, d, _integer(indices, "take_along_dim").expand(shape))
+
+
+@implements(torch.masked_select, torch.Tensor.masked_select)
+def masked_select(input, mask, *, out=None):
+    """The elements where ``mask`` (broadcast to the input's shape) is True, row-major, 1-d."""
+    if out is not None:
+        raise ScorchValueError("masked_select: out= is not supported with a SparseTensor input")
+    x = _sparse_input(input, "masked_select")
+    if isinstance(mask, SparseTensor):
+        mask = mask.to_dense()
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise ScorchTypeError(f"masked_select: mask must be a bool tensor, got "
+                              f"{getattr(mask, 'dtype', type(mask).__name__)}")
+    return _dense(getitem(x, mask.expand(x.shape)))

@@ -1,0 +1,117 @@
+"""Point lookups on SparseTensors: ``x[i, j]`` with broadcast index tensors, bool masks,
+``take``, ``gather``, ``take_along_dim``, ``masked_select``.
+
+Oracle: the same indexing of the dense tensor with plain torch.  Lookups covering every dim
+give dense results (as torch's), others SparseTensors; none may reach the dense fallback.
+"""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import scorch
+from scorch import SparseTensor
+
+from strategies import assert_dense_equal, make_dense
+from test_shape_ops import SETTINGS, sparse_tensors
+
+
+@pytest.fixture(autouse=True)
+def no_dense_fallback(monkeypatch):
+    monkeypatch.setattr(scorch.config, "dense_fallback", "raise")
+
+
+def dense(y):
+    return y.to_dense() if isinstance(y, SparseTensor) else y
+
+
+@st.composite
+def index_tensor(draw, size, shape):
+    return torch.tensor(draw(st.lists(st.integers(-size, size - 1), min_size=int(torch.Size(shape).numel()),
+                                      max_size=int(torch.Size(shape).numel()))), dtype=torch.int64).reshape(shape)
+
+
+@SETTINGS
+@given(st.data())
+def test_point_lookups_match_dense(data):
+    A, x = data.draw(sparse_tensors(min_dims=1, max_dims=3))
+    if any(s == 0 for s in x.shape):
+        return
+    m = data.draw(st.integers(1, x.dim()))
+    shape = data.draw(st.sampled_from([(3,), (2, 2), (1, 3), (0,)]))
+    key = []
+    for d in range(m):   # broadcastable shapes: the drawn shape, or its last dim alone, or an int
+        kind = data.draw(st.sampled_from(["full", "last", "int"]))
+        if kind == "int":
+            key.append(data.draw(st.integers(-x.shape[d], x.shape[d] - 1)))
+        else:
+            key.append(data.draw(index_tensor(x.shape[d], shape if kind == "full" else shape[-1:])))
+    if all(isinstance(k, int) for k in key):
+        key[0] = torch.tensor([key[0]])
+    key = tuple(key)
+    got, want = A[key], x[key]
+    tensors = [k for k in key if isinstance(k, torch.Tensor)]
+    if m == x.dim() and (len(tensors) > 1 or tensors[0].dim() != 1):
+        assert_dense_equal(got, want)   # a lookup of points: dense, as torch's
+    else:
+        assert_dense_equal(dense(got), want)   # one 1-d index is index_select: sparse
+
+
+@SETTINGS
+@given(st.data())
+def test_bool_masks_match_dense(data):
+    A, x = data.draw(sparse_tensors(min_dims=1, max_dims=3))
+    k = data.draw(st.integers(1, x.dim()))
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 99)))
+    mask = torch.rand(x.shape[:k], generator=g) < 0.5
+    assert_dense_equal(dense(A[mask]), x[mask])
+    row = torch.rand(x.shape[-1:], generator=g) < 0.5
+    key = (slice(None),) * (x.dim() - 1) + (row,)
+    assert_dense_equal(dense(A[key]), x[key])
+    assert_dense_equal(torch.masked_select(A, mask.reshape(mask.shape + (1,) * (x.dim() - k))),
+                       torch.masked_select(x, mask.reshape(mask.shape + (1,) * (x.dim() - k))))
+
+
+@SETTINGS
+@given(st.data())
+def test_take_and_gather_match_dense(data):
+    A, x = data.draw(sparse_tensors(min_dims=1, max_dims=3))
+    if x.numel() == 0:
+        return
+    flat = data.draw(index_tensor(x.numel(), (2, 3)))
+    assert_dense_equal(torch.take(A, flat), torch.take(x, flat))
+    assert_dense_equal(torch.take_along_dim(A, flat % x.numel()), torch.take_along_dim(x, flat % x.numel()))
+    d = data.draw(st.integers(0, x.dim() - 1))
+    shape = [data.draw(st.integers(1, s)) if e != d else data.draw(st.integers(0, 4)) for e, s in enumerate(x.shape)]
+    index = torch.randint(0, x.shape[d], shape, generator=torch.Generator().manual_seed(data.draw(st.integers(0, 99))))
+    assert_dense_equal(torch.gather(A, d, index), torch.gather(x, d, index))
+    assert_dense_equal(A.gather(d - x.dim(), index), x.gather(d - x.dim(), index))
+    along = torch.randint(0, x.shape[d], [s if e != d else 2 for e, s in enumerate(x.shape)])
+    assert_dense_equal(torch.take_along_dim(A, along, d), torch.take_along_dim(x, along, d))
+
+
+def test_lookups_are_differentiable():
+    x = make_dense((3, 4), 0.6, 2, torch.float64)
+    A = scorch.as_sparse(x, "csr")
+    v = A.values().clone().requires_grad_()
+    rows, cols = torch.tensor([0, 2, 2, 1]), torch.tensor([1, 3, 3, 0])
+    for f in (lambda B: B[rows, cols], lambda B: B[x != 0], lambda B: torch.gather(B, 1, torch.tensor([[0, 1]] * 3)),
+              lambda B: torch.take(B, torch.tensor([0, 5, 11])), lambda B: dense(B[torch.tensor([[0], [2]])])):
+        assert torch.autograd.gradcheck(lambda v: f(A.with_values(v)), (v,))
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda A: A[torch.tensor([True, False])], IndexError, "mask's shape"),
+    (lambda A: A[torch.tensor([0, 5]), torch.tensor([0, 1])], IndexError, "index 5 is out of range"),
+    (lambda A: A[torch.tensor([0, 1]), torch.tensor([0, 1, 2])], IndexError, "do not broadcast"),
+    (lambda A: A[:, torch.tensor([0]), torch.tensor([1])], NotImplementedError, "leading dims"),
+    (lambda A: torch.gather(A, 1, torch.tensor([0, 1])), ValueError, "as many dims"),
+    (lambda A: torch.gather(A, 1, torch.tensor([[[-1]]])), IndexError, "index -1 is out of range for dim 1"),
+    (lambda A: torch.gather(A, 1, torch.tensor([[0.5]])), TypeError, "integers"),
+    (lambda A: torch.masked_select(A, torch.ones(3, 4)), TypeError, "bool"),
+])
+def test_bad_lookups_raise_clear_errors(call, error, message):
+    A = scorch.as_sparse(make_dense((3, 4, 2), 0.5, 0, torch.float64), "coo")
+    with pytest.raises(error, match=message):
+        call(A)
