@@ -140,3 +140,59 @@ def test_statistics_match_dense_and_are_differentiable():
     assert torch.autograd.gradcheck(lambda v: torch.logsumexp(A.with_values(v), 1), (v,))
     assert torch.autograd.gradcheck(lambda v: torch.nanmean(A.with_values(v), 0), (v,))
     assert torch.autograd.gradcheck(lambda v: torch.dist(A.with_values(v), B), (v,))
+
+
+# ================================================================ value statistics
+
+
+@SETTINGS
+@given(st.data())
+def test_unique_histc_bincount_match_dense(data):
+    A, x = data.draw(sparse_tensors(max_dims=3))
+    for kw in ({}, {"return_counts": True}):
+        got, want = torch.unique(A, **kw), torch.unique(x, **kw)
+        for g, w in zip(got if kw else (got,), want if kw else (want,)):
+            assert g.dtype == w.dtype and torch.equal(g, w)
+    if x.dtype.is_floating_point:
+        bins = data.draw(st.integers(1, 6))
+        lo, hi = data.draw(st.sampled_from([(0, 0), (-1, 1), (0.5, 2.0), (3, 3)]))
+        assert torch.equal(torch.histc(A, bins, lo, hi), torch.histc(x, bins, lo, hi))
+    else:
+        v = x.reshape(-1).abs().long()
+        B = scorch.as_sparse(v, "coo")
+        w = torch.linspace(0, 1, v.numel(), dtype=torch.float64)
+        for kw in ({}, {"minlength": 5}, {"weights": w}):
+            got, want = torch.bincount(B, **kw), torch.bincount(v, **kw)
+            assert got.dtype == want.dtype
+            torch.testing.assert_close(got, want)
+
+
+# ================================================================ diag / diag_embed / block_diag / rot90
+
+
+def test_matrix_ops_match_dense():
+    v = torch.tensor([1.5, 0, -2], dtype=torch.float64)
+    T = make_dense((2, 3, 4), 0.5, 3, torch.float64)
+    for fmt in ("coo", "csr"):
+        A, V, B = scorch.as_sparse(X, fmt), scorch.as_sparse(v, "coo"), scorch.as_sparse(T, "coo")
+        for k in (-2, 0, 1):
+            torch.testing.assert_close(dense(torch.diag(V, k)), torch.diag(v, k), rtol=0, atol=0)
+            torch.testing.assert_close(dense(A.diag(k)), X.diag(k), rtol=0, atol=0)
+        for args in ((0, -2, -1), (1, 0, 2), (-1, 2, 0)):
+            out = torch.diag_embed(B, *args)
+            assert isinstance(out, SparseTensor)
+            torch.testing.assert_close(out.to_dense(), torch.diag_embed(T, *args), rtol=0, atol=0)
+        parts = (A, torch.tensor([[5.0, 0]], dtype=torch.float64), V, torch.tensor(7.0, dtype=torch.float64))
+        want = torch.block_diag(X, parts[1], v, parts[3])
+        torch.testing.assert_close(torch.block_diag(*parts).to_dense(), want, rtol=0, atol=0)
+        for k in (-1, 0, 1, 2, 3, 5):
+            torch.testing.assert_close(dense(torch.rot90(A, k, (1, 0))), torch.rot90(X, k, (1, 0)), rtol=0, atol=0)
+            torch.testing.assert_close(dense(torch.rot90(B, k, (2, 0))), torch.rot90(T, k, (2, 0)), rtol=0, atol=0)
+
+
+def test_matrix_ops_are_differentiable():
+    A = scorch.as_sparse(X, "csr")
+    v = A.values().clone().requires_grad_()
+    y = torch.arange(2.0, dtype=torch.float64).requires_grad_()
+    for f in (lambda B: torch.diag_embed(B, 1), lambda B: torch.rot90(B), lambda B: torch.block_diag(B, y, B)):
+        assert torch.autograd.gradcheck(lambda v, y: dense(f(A.with_values(v))), (v, y))

@@ -115,3 +115,35 @@ def test_bad_lookups_raise_clear_errors(call, error, message):
     A = scorch.as_sparse(make_dense((3, 4, 2), 0.5, 0, torch.float64), "coo")
     with pytest.raises(error, match=message):
         call(A)
+
+
+# ================================================================ writes from a SparseTensor into a dense tensor
+
+
+WRITES = {
+    "index_add_": lambda s, src: s.index_add_(0, torch.tensor([2, 0, 2]), src),
+    "index_add alpha dim 1": lambda s, src: torch.index_add(s, 1, torch.tensor([3, 0, 3, 1]), src, alpha=-2),
+    "scatter_add": lambda s, src: s.scatter_add(0, torch.tensor([[0, 1, 2, 0], [2, 2, 0, 1]]), src),
+    "scatter": lambda s, src: torch.scatter(s, 1, torch.tensor([[0, 1], [3, 2], [1, 1]]), src),
+    "scatter_reduce amax": lambda s, src: s.scatter_reduce(1, torch.tensor([[0, 1], [3, 2], [1, 1]]), src, "amax"),
+    "scatter_": lambda s, src: s.scatter_(0, torch.tensor([[0, 1, 2, 0]]), src),
+}
+
+
+@pytest.mark.parametrize("name", list(WRITES))
+@pytest.mark.parametrize("fmt", ["coo", "csr", "ell"])
+def test_writes_into_a_dense_tensor_match_dense(name, fmt):
+    x = make_dense((3, 4), 0.5, 4, torch.float64)
+    target = torch.linspace(-1, 1, 12, dtype=torch.float64).view(3, 4)
+    got = WRITES[name](target.clone(), scorch.as_sparse(x, fmt))
+    assert_dense_equal(got, WRITES[name](target.clone(), x))
+
+
+def test_index_add_is_differentiable_and_refuses_a_sparse_target():
+    x = make_dense((3, 4), 0.5, 5, torch.float64)
+    A = scorch.as_sparse(x, "csr")
+    v = A.values().clone().requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda v: torch.index_add(torch.zeros(3, 4, dtype=torch.float64), 0, torch.tensor([2, 0, 2]), A.with_values(v)), (v,))
+    with pytest.raises(NotImplementedError, match="writing into a SparseTensor"):
+        A.index_add_(0, torch.tensor([0, 1, 2]), torch.ones(3, 4, dtype=torch.float64))

@@ -252,36 +252,36 @@ def test_dense_fallback_warns_once_and_is_right(x, monkeypatch):
     from scorch import _dispatch
     monkeypatch.setattr(_dispatch, "_warned", set())
     A = scorch.as_sparse(x, "csr")
-    with pytest.warns(UserWarning, match="histc has no sparse implementation"):
-        out = torch.histc(A, bins=5)
-    assert torch.equal(out, torch.histc(x, bins=5))
+    with pytest.warns(UserWarning, match="fft_r2c has no sparse implementation"):
+        out = torch.fft.rfft(A)
+    assert torch.equal(out, torch.fft.rfft(x))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        torch.histc(A, bins=5)  # second time: silent
+        torch.fft.rfft(A)  # second time: silent
         assert torch.equal(torch.exp(A), torch.exp(x))  # exp(0) != 0: dense by definition, no warning
 
 
 def test_dense_fallback_can_raise(x, monkeypatch):
     monkeypatch.setattr(scorch.config, "dense_fallback", "raise")
     with pytest.raises(NotImplementedError, match="dense_fallback = 'raise'"):
-        torch.histc(scorch.as_sparse(x, "csr"))
+        torch.fft.rfft(scorch.as_sparse(x, "csr"))
     monkeypatch.setattr(scorch.config, "dense_fallback", "bogus")
     with pytest.raises(ValueError, match="dense_fallback must be one of"):
-        torch.histc(scorch.as_sparse(x, "csr"))
+        torch.fft.rfft(scorch.as_sparse(x, "csr"))
 
 
 def test_dense_fallback_refuses_a_copy_over_the_limit(x, monkeypatch):
     """Beyond scorch.config.dense_fallback_max_bytes the fallback raises (naming the op and the
-    size) instead of allocating; at the limit it runs; None lifts it.  Oracle: dense histc."""
+    size) instead of allocating; at the limit it runs; None lifts it.  Oracle: dense rfft."""
     A = scorch.as_sparse(x, "csr")
     size = x.numel() * x.element_size()
     monkeypatch.setattr(scorch.config, "dense_fallback", "silent")
     monkeypatch.setattr(scorch.config, "dense_fallback_max_bytes", size - 1)
-    with pytest.raises(NotImplementedError, match="histc has no sparse implementation, and its dense copy"):
-        torch.histc(A)
+    with pytest.raises(NotImplementedError, match="fft_r2c has no sparse implementation, and its dense copy"):
+        torch.fft.rfft(A)
     for limit in (size, None):
         monkeypatch.setattr(scorch.config, "dense_fallback_max_bytes", limit)
-        assert torch.equal(torch.histc(A), torch.histc(x))
+        assert torch.equal(torch.fft.rfft(A), torch.fft.rfft(x))
 
 
 def test_in_place_ops_update_stored_values_or_refuse(x):

@@ -2,6 +2,9 @@
 ``masked_select`` on a SparseTensor, all as point lookups (``x[i, j, ...]``, see
 :func:`scorch.ops.shape.getitem`): each position is searched among the stored entries (zero
 where none is stored).  Results are dense, as torch's; differentiable w.r.t. the stored values.
+
+Writing a SparseTensor's elements into a dense tensor: ``index_add`` from the stored entries,
+``scatter`` / ``scatter_add`` / ``scatter_reduce`` from the part of the source the index covers.
 """
 
 from __future__ import annotations
@@ -9,11 +12,12 @@ from __future__ import annotations
 import torch
 
 from .._dispatch import implements
-from ..errors import ScorchIndexError, ScorchTypeError, ScorchValueError
+from ..errors import NotSupportedError, ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
+from .reduce import _entries
 from .shape import _dim, getitem
 
-__all__ = ["take", "gather", "take_along_dim", "masked_select"]
+__all__ = ["take", "gather", "take_along_dim", "masked_select", "index_add", "index_add_"]
 
 
 def _integer(index, op: str) -> torch.Tensor:
@@ -96,3 +100,60 @@ def masked_select(input, mask, *, out=None):
         raise ScorchTypeError(f"masked_select: mask must be a bool tensor, got "
                               f"{getattr(mask, 'dtype', type(mask).__name__)}")
     return _dense(getitem(x, mask.expand(x.shape)))
+
+
+# ---------------------------------------------------------------- writes from a SparseTensor into a dense tensor
+
+def _dense_target(self, op: str):
+    if isinstance(self, SparseTensor):
+        raise NotSupportedError(f"{op}: writing into a SparseTensor is not supported; use a dense target "
+                                "(x.to_dense()) or build the result with scorch ops")
+    return self
+
+
+def _index_add_into(self, dim, index, source, alpha, op: str):
+    """``self[..., index[j], ...] += alpha * source[..., j, ...]`` from ``source``'s stored entries."""
+    d = _dim(dim, self.dim(), op)
+    index = _integer(index, op).reshape(-1)
+    if tuple(index.shape) != (source.shape[d],) or self.dim() != source.dim():
+        raise ScorchValueError(f"{op}: index needs one position per slice of source along dim {d} "
+                               f"({source.shape[d]}), got {index.numel()}; source dims {source.dim()}, self dims "
+                               f"{self.dim()}")
+    coords, vals = _entries(source)
+    coords = coords.clone()
+    coords[d] = index.to(torch.int64)[coords[d]]
+    return self.index_put_(tuple(coords), (vals if alpha == 1 else vals * alpha).to(self.dtype), accumulate=True)
+
+
+@implements(torch.Tensor.index_add_)
+def index_add_(self, dim, index, source, *, alpha=1):
+    """A dense tensor plus a SparseTensor's slices at ``index`` (its stored entries only)."""
+    return _index_add_into(_dense_target(self, "index_add_"), dim, index, source, alpha, "index_add_")
+
+
+@implements(torch.index_add, torch.Tensor.index_add)
+def index_add(input, dim, index, source, *, alpha=1, out=None):
+    if out is not None:
+        raise ScorchValueError("index_add: out= is not supported with a SparseTensor operand")
+    return _index_add_into(_dense_target(input, "index_add").clone(), dim, index, source, alpha, "index_add")
+
+
+def _scatter(fn, op: str):
+    """``fn(self, dim, index, src, ...)`` with a sparse ``src``: the part of ``src`` that ``index``
+    covers, densified (the same size as ``index``); a dense ``self``."""
+    def run(self, dim, index, src=None, *args, **kwargs):
+        _dense_target(self, op)
+        if isinstance(src, SparseTensor):
+            index = _integer(index, op)
+            if index.dim() != src.dim():
+                raise ScorchValueError(f"{op}: index needs as many dims as src ({src.dim()}), got {index.dim()}")
+            src = src[tuple(slice(0, n) for n in index.shape)].to_dense()
+        return fn(self, dim, index, src, *args, **kwargs)
+    run.__name__ = op
+    return run
+
+
+for _name in ("scatter", "scatter_add", "scatter_reduce"):
+    for _owner in (torch, torch.Tensor):
+        implements(getattr(_owner, _name))(_scatter(getattr(_owner, _name), _name))
+    implements(getattr(torch.Tensor, _name + "_"))(_scatter(getattr(torch.Tensor, _name + "_"), _name + "_"))

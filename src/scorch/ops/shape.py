@@ -354,7 +354,7 @@ def select(input, dim, index):
     return getitem(input, (slice(None),) * d + (_int(index, "select", "index"),))
 
 
-@implements(torch.narrow, torch.Tensor.narrow)
+@implements(torch.narrow, torch.Tensor.narrow, torch.narrow_copy, torch.Tensor.narrow_copy)
 def narrow(input, dim, start, length):
     """Positions ``start .. start+length-1`` of ``dim``."""
     d = _dim(dim, input.dim(), "narrow")

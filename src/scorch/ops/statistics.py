@@ -1,5 +1,6 @@
 """Reductions built from :mod:`.reduce`'s per-fibre primitives: ``nansum`` / ``nanmean``,
-``logsumexp``, ``aminmax``, ``var_mean`` / ``std_mean`` and ``dist``.
+``logsumexp``, ``aminmax``, ``var_mean`` / ``std_mean`` and ``dist``; value statistics
+(``unique``, ``histc``, ``bincount``): the stored values' plus one count for the absent zeros.
 
 Absent entries are zeros, as in the dense tensor: they count in ``nanmean``'s denominator
 and add ``exp(0)`` each to ``logsumexp``.  All are computed from the stored values (no dense
@@ -10,12 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from .._dispatch import implements
+from .._dispatch import check_dense_size, implements
 from ..errors import ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
-from .reduce import _dims, _fibres, _shaped, amax, amin, mean, std, sum_, var
+from .reduce import _dims, _entries, _fibres, _shaped, amax, amin, mean, std, sum_, var
 
-__all__ = ["nansum", "nanmean", "logsumexp", "aminmax", "var_mean", "std_mean", "dist"]
+__all__ = ["nansum", "nanmean", "logsumexp", "aminmax", "var_mean", "std_mean", "dist", "unique", "histc", "bincount"]
 
 
 def _without_nan(x: SparseTensor) -> SparseTensor:
@@ -86,3 +87,69 @@ def std_mean(input, dim=None, *, correction=1, keepdim=False, unbiased=None):
 def dist(input, other, p=2):
     """``norm(input - other, p)``: sparse - sparse is their union, so no dense copy then."""
     return torch.linalg.vector_norm(input - other, p)
+
+
+def _zeros(x: SparseTensor) -> int:
+    """How many elements of ``x`` are absent (implicit zeros)."""
+    return x.numel() - x.values().numel()
+
+
+@implements(torch.unique, torch.Tensor.unique)
+def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=None):
+    """The distinct values (ascending; 0 among them when an element is absent), with their
+    counts; ``return_inverse`` / ``dim=`` (results shaped like the input) from the dense tensor."""
+    if return_inverse or dim is not None:
+        check_dense_size("unique with return_inverse or dim gives a dense result, and", [input])
+        return torch.unique(input.to_dense(), sorted=sorted, return_inverse=return_inverse,
+                            return_counts=return_counts, dim=dim)
+    values, counts = torch.unique(input.values().detach(), sorted=True, return_counts=True)
+    zeros = _zeros(input)
+    if zeros:
+        here = values == 0
+        if bool(here.any()):
+            counts = counts + here * zeros
+        else:
+            at = int((values < 0).sum())
+            values = torch.cat([values[:at], values.new_zeros(1), values[at:]])
+            counts = torch.cat([counts[:at], counts.new_full((1,), zeros), counts[at:]])
+    return (values, counts) if return_counts else values
+
+
+@implements(torch.histc, torch.Tensor.histc)
+def histc(input, bins=100, min=0, max=0, *, out=None):
+    """The histogram of every element: the stored values' plus the absent zeros in 0's bin (over
+    the data's range, implicit zeros included, when ``min == max``, as torch)."""
+    if out is not None:
+        raise ScorchValueError("histc: out= is not supported with a SparseTensor input")
+    vals, zeros = input.values().detach(), _zeros(input)
+    lo, hi = float(min), float(max)
+    if lo == hi and input.numel():
+        points = [vals.min(), vals.max()] if vals.numel() else []
+        points += [torch.zeros((), dtype=vals.dtype)] * (zeros > 0)
+        lo, hi = float(torch.stack(points).min()), float(torch.stack(points).max())
+        lo, hi = (lo - 1, hi + 1) if lo == hi else (lo, hi)
+    out = torch.histc(vals, bins, lo, hi)
+    if zeros and lo != hi:
+        out += torch.histc(torch.zeros(1, dtype=vals.dtype), bins, lo, hi) * zeros
+    return out
+
+
+@implements(torch.bincount, torch.Tensor.bincount)
+def bincount(input, weights=None, minlength=0):
+    """Counts (or summed ``weights``) per value of a 1-d non-negative integer input; the absent
+    elements count in bin 0."""
+    if not isinstance(input, SparseTensor):
+        raise ScorchTypeError("bincount: a SparseTensor is only supported as the input, not as weights")
+    if input.dim() != 1:
+        raise ScorchValueError(f"bincount: expects a 1-d input, got {input.dim()}-d")
+    if isinstance(weights, SparseTensor):
+        weights = weights.to_dense()
+    coords, vals = _entries(input)
+    zeros = _zeros(input)
+    w = None if weights is None else weights[coords[0]]
+    out = torch.bincount(vals.detach(), w, max(minlength, 1 if zeros else 0))
+    if weights is not None and input.numel():   # (no stored entries: torch.bincount forgets the weights' dtype)
+        out = out.to(weights.dtype if weights.dtype.is_floating_point else torch.float64)
+    if zeros:
+        out[0] += zeros if weights is None else (weights.sum() - w.sum()).to(out.dtype)
+    return out

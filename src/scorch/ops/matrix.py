@@ -1,0 +1,108 @@
+"""Matrix-shaped ops on coordinates: ``diag``, ``diag_embed``, ``block_diag`` and ``rot90``.
+
+Each places the stored entries at new coordinates (a diagonal, a block of a bigger matrix, a
+rotation); results are sparse, in the input's format adapted to the result's dims
+(:func:`scorch.ops.shape.result_format`), differentiable w.r.t. the stored values.
+``diag`` of a matrix is its diagonal, dense (as :func:`scorch.ops.reduce.diagonal`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._dispatch import implements
+from ..errors import ScorchValueError
+from ..tensor import SparseTensor
+from .reduce import diagonal as _diagonal
+from .shape import _dim, _int, assemble, entries, flip
+
+__all__ = ["diag", "diag_embed", "block_diag", "rot90"]
+
+_I64 = torch.int64
+
+
+@implements(torch.diag, torch.Tensor.diag)
+def diag(input, diagonal=0, *, out=None):
+    """A 1-d input on the ``diagonal``-th diagonal of a square matrix (sparse); a 2-d input's
+    ``diagonal``-th diagonal (dense 1-d)."""
+    k = _int(diagonal, "diag", "diagonal")
+    if out is not None:
+        raise ScorchValueError("diag: out= is not supported with a SparseTensor input")
+    if input.dim() == 2:
+        return _diagonal(input, k)
+    if input.dim() != 1:
+        raise ScorchValueError(f"diag: expects a 1-d or 2-d input, got {input.dim()}-d")
+    return diag_embed(input, k, 0, 1)
+
+
+@implements(torch.diag_embed, torch.Tensor.diag_embed)
+def diag_embed(input, offset=0, dim1=-2, dim2=-1):
+    """Each last-dim vector of ``input`` on the ``offset``-th diagonal of the matrix spanned by
+    the result's dims ``dim1`` and ``dim2`` (size ``n + |offset|`` each)."""
+    n = input.dim() + 1
+    d1, d2 = _dim(dim1, n, "diag_embed", "dim1"), _dim(dim2, n, "diag_embed", "dim2")
+    if d1 == d2:
+        raise ScorchValueError(f"diag_embed: dim1 and dim2 must differ, got {dim1} and {dim2}")
+    offset = _int(offset, "diag_embed", "offset")
+    m = input.shape[-1] + abs(offset)
+    coords, ids = entries(input)
+    lead, i = coords[:-1], coords[-1]
+    rest = iter(range(lead.shape[0]))
+    rows, shape = [], []
+    for d in range(n):
+        if d in (d1, d2):
+            rows.append(i + max(-offset, 0) if d == d1 else i + max(offset, 0))
+            shape.append(m)
+        else:
+            r = next(rest)
+            rows.append(lead[r])
+            shape.append(input.shape[r])
+    new = torch.stack(rows) if rows else torch.zeros((0, ids.numel()), dtype=_I64)
+    return assemble(input._format, shape, new, ids, input.values(), input.index_dtype)
+
+
+@implements(torch.block_diag)
+def block_diag(*tensors):
+    """The tensors (0-d: 1x1, 1-d: one row) along the diagonal of a matrix; sparse (a dense
+    operand contributes its nonzeros, or every element when it needs a gradient)."""
+    pieces, rows, cols = [], 0, 0
+    dtype = tensors[0].dtype if tensors else torch.get_default_dtype()
+    for t in tensors:
+        dtype = torch.promote_types(dtype, t.dtype)
+    fmt = next(t for t in tensors if isinstance(t, SparseTensor))
+    for k, t in enumerate(tensors):
+        if t.dim() > 2:
+            raise ScorchValueError(f"block_diag: tensor {k} has {t.dim()} dims, expected at most 2")
+        shape = (1, 1) if t.dim() == 0 else (1, t.shape[0]) if t.dim() == 1 else tuple(t.shape)
+        if isinstance(t, SparseTensor):
+            coords, ids = entries(t)
+            vals = t.values()[ids]
+            coords = coords if t.dim() == 2 else torch.cat([torch.zeros((1, ids.numel()), dtype=_I64), coords])
+        else:
+            flat = t.reshape(-1)
+            keep = torch.arange(flat.numel()) if (t.requires_grad and torch.is_grad_enabled()) \
+                else torch.nonzero(flat).reshape(-1)
+            coords, vals = torch.stack([keep // shape[1], keep % shape[1]]) if shape[1] else \
+                torch.zeros((2, 0), dtype=_I64), flat[keep]
+        pieces.append((coords + torch.tensor([[rows], [cols]]), vals.to(dtype)))
+        rows, cols = rows + shape[0], cols + shape[1]
+    coords = torch.cat([c for c, _ in pieces], 1)
+    vals = torch.cat([v for _, v in pieces])
+    return assemble(fmt._format, (rows, cols), coords, torch.arange(vals.numel()), vals, fmt.index_dtype)
+
+
+@implements(torch.rot90, torch.Tensor.rot90)
+def rot90(input, k=1, dims=(0, 1)):
+    """Rotation by 90 degrees ``k`` times in the plane of ``dims`` (first towards second)."""
+    dims = list(dims)
+    if len(dims) != 2:
+        raise ScorchValueError(f"rot90: dims must name two dims, got {dims}")
+    a, b = (_dim(d, input.dim(), "rot90", "dims") for d in dims)
+    if a == b:
+        raise ScorchValueError(f"rot90: dims must differ, got {dims}")
+    k = _int(k, "rot90", "k") % 4
+    if k == 0:
+        return input.clone()
+    if k == 2:
+        return flip(input, [a, b])
+    return flip(input, [b] if k == 1 else [a]).transpose(a, b)
