@@ -415,3 +415,22 @@ def test_to_with_copy_never_shares_the_values(x):
         assert B._values.data_ptr() != A._values.data_ptr()
         B.mul_(0)
         assert torch.equal(A.to_dense(), x)
+
+
+def test_new_constructors_allclose_and_tolist(x, monkeypatch):
+    """``new_zeros`` / ``new_empty`` give an empty SparseTensor (nothing densified), ``new_ones`` /
+    ``new_full`` dense tensors, ``allclose`` of two SparseTensors compares stored positions only,
+    ``tolist`` the dense value's; oracle: the same calls on the dense tensor."""
+    monkeypatch.setattr(scorch.config, "dense_fallback", "raise")
+    A = scorch.as_sparse(x, "csr")
+    z = A.new_zeros(2, 5)
+    assert isinstance(z, SparseTensor) and z.nnz == 0 and torch.equal(z.to_dense(), x.new_zeros(2, 5))
+    assert A.new_zeros((4,), dtype=torch.float64).to_dense().dtype == torch.float64
+    assert A.new_empty(3, 3).shape == (3, 3)
+    assert torch.equal(A.new_ones(2, 3), x.new_ones(2, 3)) and torch.equal(A.new_full((2,), 7.0), x.new_full((2,), 7.0))
+    near = scorch.as_sparse(x * (1 + 1e-7), "coo")
+    far = scorch.as_sparse(x * (x.abs() > 0.5), "csr")
+    for other, dense_other in ((near, x * (1 + 1e-7)), (far, x * (x.abs() > 0.5)), (A, x)):
+        assert torch.allclose(A, other) == torch.allclose(x, dense_other)
+        assert torch.allclose(A, dense_other) == torch.allclose(x, dense_other)
+    assert A.tolist() == x.tolist()

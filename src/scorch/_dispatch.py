@@ -211,7 +211,7 @@ implements(torch.Tensor.to_dense)(SparseTensor.to_dense)
 implements(torch.Tensor.values)(SparseTensor.values)
 implements(torch.Tensor.coalesce)(SparseTensor.coalesce)
 implements(torch.Tensor.indices, torch.Tensor._indices)(SparseTensor.indices)
-for _name in ("_nnz", "sparse_dim", "dense_dim", "crow_indices", "col_indices", "ccol_indices", "row_indices",
+for _name in ("tolist", "_nnz", "sparse_dim", "dense_dim", "crow_indices", "col_indices", "ccol_indices", "row_indices",
               "to_sparse", "to_sparse_coo", "to_sparse_csr", "to_sparse_csc", "to_sparse_bsr", "to_sparse_bsc"):
     implements(getattr(torch.Tensor, _name))(getattr(SparseTensor, _name))
 

@@ -349,6 +349,12 @@ class SparseTensor(torch.Tensor):
     def to_sparse_bsc(self, blocksize, dense_dim=None) -> "SparseTensor":
         return self.to_sparse(layout=torch.sparse_bsc, blocksize=blocksize, dense_dim=dense_dim)
 
+    def tolist(self):
+        """The dense value as nested Python lists (within ``config.dense_fallback_max_bytes``)."""
+        from ._dispatch import check_dense_size
+        check_dense_size("tolist() lists every element, and", [self])
+        return self.to_dense().tolist()
+
     def numpy(self, *, force: bool = False):
         raise ScorchTypeError("numpy(): a SparseTensor has no dense buffer; use x.to_dense().numpy() "
                               "or x.to_scipy()")

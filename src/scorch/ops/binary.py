@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import torch
 
-from .._dispatch import as_torch_runs, densified, implements
+from .._dispatch import as_torch_runs, check_dense_size, densified, implements
 from ..compiler import driver
 from ..compiler.notation import Access, Op
 from ..tensor import SparseTensor
-from ._pattern import project, same_pattern
+from ._pattern import _lookup, project, same_pattern
 from .einsum import _any_requires_grad, einsum
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -100,3 +100,16 @@ for _sym, _func, _names in (("+", torch.add, ("add",)), ("-", torch.sub, ("sub",
     _dunder = {"+": "add", "-": "sub", "*": "mul", "/": "truediv"}[_sym]
     implements(getattr(torch.Tensor, f"__{_dunder}__"))(lambda a, b, _i=_impl: _i(a, b))
     implements(getattr(torch.Tensor, f"__r{_dunder}__"))(lambda a, b, _i=_impl: _i(b, a))  # b (op) a
+
+
+@implements(torch.allclose, torch.Tensor.allclose)
+def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """``torch.allclose``; two SparseTensors of one shape compare at their stored positions only
+    (elsewhere both are 0), no dense copy; with a dense operand, on the dense values."""
+    if isinstance(input, SparseTensor) and isinstance(other, SparseTensor) and input.shape == other.shape:
+        coords = torch.cat([input.coo()[0], other.coo()[0]], 1)
+        a, b = _lookup(input, coords), _lookup(other, coords)
+        return bool(torch.isclose(a, b, rtol, atol, equal_nan).all())
+    check_dense_size("allclose compares the dense values, and", [input, other])
+    a, b = (t.to_dense() if isinstance(t, SparseTensor) else t for t in (input, other))
+    return torch.allclose(a, b, rtol, atol, equal_nan)

@@ -183,6 +183,25 @@ def _zeros_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory
     return x._like(values=torch.zeros_like(x._values, dtype=dtype), nnz=x._stored)
 
 
+@implements_aten(torch.ops.aten.new_zeros.default, torch.ops.aten.new_empty.default)
+def _new_zeros(x, size, dtype=None, layout=None, device=None, pin_memory=None):
+    """``x.new_zeros(size)``: nothing stored, in ``x``'s format adapted to ``size`` (as a sparse
+    torch tensor's ``new_zeros`` stays sparse); ``new_empty`` the same (its values are unset)."""
+    from .shape import rebuild
+    return rebuild(x._format, tuple(size), torch.zeros((len(size), 0), dtype=torch.int64),
+                   torch.zeros(0, dtype=x.dtype if dtype is None else dtype), x.index_dtype)
+
+
+@implements_aten(torch.ops.aten.new_ones.default)
+def _new_ones(x, size, dtype=None, layout=None, device=None, pin_memory=None):
+    return torch.ones(tuple(size), dtype=x.dtype if dtype is None else dtype)
+
+
+@implements_aten(torch.ops.aten.new_full.default)
+def _new_full(x, size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
+    return torch.full(tuple(size), fill_value, dtype=x.dtype if dtype is None else dtype)
+
+
 @implements_aten(torch.ops.aten.zero_.default)
 def _zero_(x):
     x._values.zero_()
