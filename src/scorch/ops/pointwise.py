@@ -88,20 +88,21 @@ def _values_of(a: SparseTensor) -> torch.Tensor:
 
 @register_pointwise
 def pointwise(func, args, kwargs):
-    if func._schema.is_mutable and not isinstance(args[0], SparseTensor):
+    mutable = func._schema.is_mutable
+    if mutable and not isinstance(args[0], SparseTensor):
         return _into_dense(func, args, kwargs)
     flat = leaves(args, kwargs)
     sparse = [a for a in flat if isinstance(a, SparseTensor)]
     ref = sparse[0]
     shared = all(same_pattern(ref, s) for s in sparse[1:]) and all(
         _is_scalar(a) for a in flat if isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor))
-    mutable = func._schema.is_mutable
     if not shared and func.overloadpacket is torch.ops.aten.mul and not mutable and len(sparse) == 1:
         # sparse * dense (autograd's grad * f'(x)): zero wherever the sparse operand is.
         dense = next(a for a in args if isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor))
         if torch.broadcast_shapes(dense.shape, ref.shape) == ref.shape:
             return ref._like(values=ref._values * project(dense.expand(ref.shape), ref), nnz=ref._stored)
-    if not shared and not mutable and len(sparse) == 2 and func in _CO_ITERATED and args[:2] == tuple(sparse):
+    if not shared and not mutable and len(sparse) == 2 and func in _CO_ITERATED \
+            and args[0] is sparse[0] and args[1] is sparse[1]:
         return _co_iterated(func, args, kwargs)
     if not shared:
         if mutable:
