@@ -436,3 +436,21 @@ def test_an_index_repeated_within_a_sparse_operand_takes_its_diagonal(eq, shapes
 def test_a_repeated_index_over_unequal_sizes_is_a_clear_error():
     with pytest.raises(ValueError, match="index 'i' repeats in operand 0 over dims of sizes 2 and 3"):
         torch.einsum("ii->i", scorch.as_sparse(torch.ones(2, 3), "csr"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(256, 1024), (1024, 256), (17, 33), (1, 5), (0, 3), (3, 0), (16, 16), (100, 7), (7, 100)])
+def test_generated_transpose_matches_torch(shape, dtype):
+    """``permute.transposed`` (tiles transposed in registers, edges element by element) equals
+    ``x.t().contiguous()``, tile-aligned or not; other inputs take torch's copy, and an input
+    that requires grad keeps its gradient."""
+    from scorch.compiler import permute
+    x = torch.randn(shape, dtype=dtype)
+    out = permute.transposed(x)
+    assert out.is_contiguous() and torch.equal(out, x.t().contiguous())
+    assert torch.equal(permute.transposed(x.t()), x)          # a non-contiguous input: torch's copy
+    w = x.clone().requires_grad_()
+    permute.transposed(w).sum().backward()
+    assert torch.equal(w.grad, torch.ones_like(x))
+    assert "scorch_tile_t_" + ("float" if dtype == torch.float32 else "double") in permute.source(
+        "float" if dtype == torch.float32 else "double")

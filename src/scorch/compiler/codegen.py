@@ -700,11 +700,44 @@ def function(kernel: Kernel) -> str:
     return "\n".join([f"void {kernel.name}({params}) {{"] + stmt(kernel.body, "  ") + ["}", ""])
 
 
+# Included by kernels that move tiles of a matrix to their transposed place (compiler.permute),
+# after AVX512_PRELUDE (its in-register transposes).
+TILE_PRELUDE = """\
+/* The 16 x 16 floats (8 x 8 doubles) at x, rows ldx apart, transposed into y, rows ldy apart:
+   in registers (16 loads, 64 shuffles, 16 stores) where AVX-512 is, else element by element. */
+#if defined(__AVX512F__)
+static inline void scorch_tile_t_float(const float *x, int64_t ldx, float *y, int64_t ldy) {
+  __m512 r[16];
+  _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(x + i * ldx);
+  scorch_transpose16(r);
+  _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) _mm512_storeu_ps(y + i * ldy, r[i]);
+}
+#else
+static inline void scorch_tile_t_float(const float *x, int64_t ldx, float *y, int64_t ldy) {
+  for (int i = 0; i < 16; i++) for (int j = 0; j < 16; j++) y[j * ldy + i] = x[i * ldx + j];
+}
+#endif
+#if defined(__AVX512F__) && defined(__AVX512VL__)
+static inline void scorch_tile_t_double(const double *x, int64_t ldx, double *y, int64_t ldy) {
+  __m512d r[8];
+  _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) r[i] = _mm512_loadu_pd(x + i * ldx);
+  scorch_transpose8d(r);
+  _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) _mm512_storeu_pd(y + i * ldy, r[i]);
+}
+#else
+static inline void scorch_tile_t_double(const double *x, int64_t ldx, double *y, int64_t ldy) {
+  for (int i = 0; i < 8; i++) for (int j = 0; j < 8; j++) y[j * ldy + i] = x[i * ldx + j];
+}
+#endif
+"""
+
+
 def render(*kernels: Kernel) -> str:
     """Complete C source for one or more kernels of one plan (lowered for one vector width)."""
     widths = {k.vector_bytes for k in kernels}
     if len(widths) != 1:
         raise ValueError(f"render: kernels lowered for different vector widths {sorted(widths)}")
     funcs = [function(k) for k in kernels]
-    extra = [AVX512_PRELUDE] if any("scorch_seg_block" in f or "scorch_hsum16" in f for f in funcs) else []
-    return "\n".join([prelude(widths.pop())] + extra + funcs)
+    tiles = any("scorch_tile_t_" in f for f in funcs)
+    extra = [AVX512_PRELUDE] if tiles or any("scorch_seg_block" in f or "scorch_hsum16" in f for f in funcs) else []
+    return "\n".join([prelude(widths.pop())] + extra + ([TILE_PRELUDE] if tiles else []) + funcs)

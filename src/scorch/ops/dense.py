@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import config
-from ..compiler import build, driver
+from ..compiler import build, driver, permute
 from ..errors import ScorchValueError
 
 __all__ = ["linear", "choice"]
@@ -108,7 +108,7 @@ def _measure(x2, weight, bias) -> str:
 def _forward(x2, weight, bias):
     # W^T contiguous: the kernel's rows (a copy of in x out values per call, small against the
     # product; cached copies would go stale when a weight changes through .data)
-    operands = (x2.detach(), weight.detach().t().contiguous())
+    operands = (x2.detach(), permute.transposed(weight.detach()))
     init = () if bias is None else (bias.detach(),)
     return driver.compiled("ij,jk->ik", operands, init)
 

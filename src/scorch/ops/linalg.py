@@ -7,6 +7,7 @@ import functools
 import torch
 
 from .._dispatch import implements
+from ..compiler import permute
 from ..errors import ScorchValueError
 from ..interop import is_sparse
 from ..tensor import SparseTensor
@@ -189,7 +190,7 @@ def linear(input, weight, bias=None):
         # (W @ x^T)^T: an SpMM whose dense row (the batch) is contiguous and vectorises,
         # instead of one sparse dot product per (row, output) pair.
         flat = input.reshape(-1, input.shape[-1])
-        out = einsum("oi,ib->ob", weight, flat.t().contiguous()).t().reshape(*input.shape[:-1], weight.shape[0])
+        out = einsum("oi,ib->ob", weight, permute.transposed(flat)).t().reshape(*input.shape[:-1], weight.shape[0])
     elif bias is not None and not is_sparse(weight) and not is_sparse(bias):
         return einsum_add("...i,oi->...o", (input, weight), (bias,))
     else:
