@@ -454,3 +454,32 @@ def test_generated_transpose_matches_torch(shape, dtype):
     assert torch.equal(w.grad, torch.ones_like(x))
     assert "scorch_tile_t_" + ("float" if dtype == torch.float32 else "double") in permute.source(
         "float" if dtype == torch.float32 else "double")
+
+
+def test_an_init_the_kernel_cannot_start_from_is_added_after_the_cached_call():
+    """``einsum_add`` whose loop order keeps no accumulator per output element (SpMM over a
+    transposed batch, bias per output row) runs the plain kernel's cached call and adds the
+    init after it (it re-planned every call); oracle: dense torch."""
+    from scorch.compiler import driver
+    from scorch.ops.einsum import einsum_add
+    W = scorch.as_sparse(rnd(6, 5, density=0.4), "csr")
+    x, b = rnd(5, 7, density=1.0, seed=1), rnd(6, 1, density=1.0, seed=2)
+    for _ in range(2):
+        out = einsum_add("oi,ib->ob", (W, x), (b,))
+        torch.testing.assert_close(out, W.to_dense() @ x + b)
+    bound = driver._BOUND[driver._signature("oi,ib->ob", None, (W, x), (b,))]
+    assert type(bound).__name__ == "_InitAfter"
+    f32 = rnd(6, 7, density=1.0, seed=3).float()   # a wider result type: added out of place
+    torch.testing.assert_close(einsum_add("oi,ib->ob", (W, x), (f32,)), W.to_dense() @ x + f32)
+
+
+@pytest.mark.parametrize("shapes", [((3, 1), (1, 4)), ((2, 3, 4), (4,)), ((), (5,)), ((0, 1), (1, 3)), ((2, 1), (2, 3), (1, 1, 3))])
+def test_broadcast_shapes_matches_torch(shapes):
+    from scorch._dispatch import broadcast_shapes
+    assert broadcast_shapes(*shapes) == tuple(torch.broadcast_shapes(*shapes))
+
+
+def test_broadcast_shapes_refuses_what_torch_refuses():
+    from scorch._dispatch import broadcast_shapes
+    with pytest.raises(ValueError, match="do not broadcast"):
+        broadcast_shapes((2, 3), (4,))

@@ -344,8 +344,10 @@ class _Bound:
         views = ()
         if init:
             plan, views = _with_init(equation, plan, ein, ops, format, expr, init, cdtype)
+            if views is None and format in (None, "dense"):
+                return _InitAfter(_Bound.make(equation, ops, format, (), expr))
             if views is None or any(v.dtype != t.dtype for v, t in zip(views, init)):
-                return _Slow(equation, format, expr)  # added after the kernel, or cast: the general path
+                return _Slow(equation, format, expr)  # cast views: the general path
         sched = plan.schedule
         ready = all((not isinstance(x, SparseTensor) and y.dtype == cdtype and y.data_ptr() == x.data_ptr())
                     or (isinstance(x, SparseTensor) and spec.sparse and x.format == spec.fmt
@@ -558,6 +560,28 @@ def _compiled_function(lines, name, filename, scope):
     scope = {"entry_parents": convert.entry_parents, "entry_heads": convert.entry_heads, **scope}
     exec(compile("\n".join(lines), filename, "exec"), scope)
     return scope[name]
+
+
+@dataclass
+class _InitAfter:
+    """A kernel that cannot start from the init operands (no accumulator per output element in
+    its loop order, or operands it cannot read): the plain einsum's cached call, the init added
+    after it -- in place where the sum keeps the result's shape and dtype (the result is ours)."""
+    inner: object
+
+    def __post_init__(self):
+        self.call = self.__call__
+
+    def __call__(self, operands, init=()):
+        out = self.inner.call(operands, ())
+        for t in init:
+            if (type(out) is torch.Tensor and torch.promote_types(out.dtype, t.dtype) == out.dtype
+                    and t.dim() <= out.dim()   # t broadcasts to out (torch.broadcast_shapes: ~40 us)
+                    and all(a in (1, b) for a, b in zip(reversed(t.shape), reversed(out.shape)))):
+                out.add_(t)
+            else:
+                out = out + t
+        return out
 
 
 @dataclass

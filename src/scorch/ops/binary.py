@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .._dispatch import as_torch_runs, check_dense_size, densified, implements
+from .._dispatch import as_torch_runs, broadcast_shapes, check_dense_size, densified, implements
 from ..compiler import driver
 from ..compiler.notation import Access, Op
 from ..tensor import SparseTensor
@@ -35,7 +35,7 @@ def binary(op: str, a, b, func, args, kwargs):
     if _is_scalar(a) or _is_scalar(b) or (isinstance(a, SparseTensor) and isinstance(b, SparseTensor)
                                           and same_pattern(a, b)):
         return as_torch_runs(func, *args, **kwargs)
-    shape = torch.broadcast_shapes(a.shape, b.shape)
+    shape = broadcast_shapes(a.shape, b.shape)
     sparse_ok = all(tuple(x.shape) == tuple(shape) for x in (a, b) if isinstance(x, SparseTensor))
     if not sparse_ok:
         return densified(func, args, kwargs)

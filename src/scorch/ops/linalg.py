@@ -189,8 +189,13 @@ def linear(input, weight, bias=None):
     if isinstance(weight, SparseTensor) and not is_sparse(input) and input.dim() >= 2:
         # (W @ x^T)^T: an SpMM whose dense row (the batch) is contiguous and vectorises,
         # instead of one sparse dot product per (row, output) pair.
+        # The bias is added in place after the kernel (a fresh result: no second buffer).
         flat = input.reshape(-1, input.shape[-1])
-        out = einsum("oi,ib->ob", weight, permute.transposed(flat)).t().reshape(*input.shape[:-1], weight.shape[0])
+        ops = (weight, permute.transposed(flat))
+        fused = bias is not None and not is_sparse(bias) and bias.dim() == 1
+        out = einsum_add("oi,ib->ob", ops, (bias[:, None],)) if fused else einsum("oi,ib->ob", *ops)
+        out = out.t().reshape(*input.shape[:-1], weight.shape[0])
+        return out + bias if bias is not None and not fused else out
     elif bias is not None and not is_sparse(weight) and not is_sparse(bias):
         return einsum_add("...i,oi->...o", (input, weight), (bias,))
     else:

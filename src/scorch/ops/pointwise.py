@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .._dispatch import check_dense_size, dense_fallback, densified, implements, implements_aten, leaves, map_sparse, register_pointwise
+from .._dispatch import broadcast_shapes, check_dense_size, dense_fallback, densified, implements, implements_aten, leaves, map_sparse, register_pointwise
 from ..convert import coords_of
 from ..errors import NotSupportedError, ScorchValueError
 from ..tensor import SparseTensor
@@ -99,7 +99,7 @@ def pointwise(func, args, kwargs):
     if not shared and func.overloadpacket is torch.ops.aten.mul and not mutable and len(sparse) == 1:
         # sparse * dense (autograd's grad * f'(x)): zero wherever the sparse operand is.
         dense = next(a for a in args if isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor))
-        if torch.broadcast_shapes(dense.shape, ref.shape) == ref.shape:
+        if broadcast_shapes(dense.shape, ref.shape) == tuple(ref.shape):
             return ref._like(values=ref._values * project(dense.expand(ref.shape), ref), nnz=ref._stored)
     if not shared and not mutable and len(sparse) == 2 and func in _CO_ITERATED \
             and args[0] is sparse[0] and args[1] is sparse[1]:
