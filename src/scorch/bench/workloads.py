@@ -430,7 +430,10 @@ def gnn(cfg):
         systems = [System("scorch", lambda: g2(F.elu(g1(x, A)), A)),
                    System("torch.sparse CSR", lambda: torch_gat("csr"), baseline=True, reference=True),
                    System("torch.sparse COO", lambda: torch_gat("coo"), baseline=True)]
-        if dense_ok:
+        # dense GAT holds ~3 n x n score matrices per head (4-5 GB on PubMed / ca-AstroPh, 10 s a
+        # call): beyond 1 GiB it is left out -- freeing that much heap stalls whichever system
+        # runs next (glibc trimming it under keep_freed_memory: 0.2-0.7 s, measured)
+        if dense_ok and 3 * n * n * 4 <= 2**30:
             Dmask = Tp.to_dense() != 0
             systems.append(System("dense torch", lambda: torch_gat("dense", Dmask)))
         if _pyg is not None:
