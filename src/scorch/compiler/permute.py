@@ -45,7 +45,8 @@ def _kernel(vtype: str) -> Kernel:
         For("c", Const(t) * _C("t_lo"), Const(t) * _C("t_hi"),
             Block((For("r", _C("whole"), rows, Block((element(r, c),))),))),
         If(_C("tid").eq(_C("nthr") - Const(1)),
-           Block((For("c", Const(t) * _C("tiles"), cols, Block((For("r", Const(0), rows, Block((element(r, c),))),))),))),
+           Block((For("c", Const(t) * _C("tiles"), cols,
+                      Block((For("r", Const(0), rows, Block((element(r, c),))),))),))),
     )
     params = (Param("nthreads", "int64_t", ("nthreads",)), Param("rows", "int64_t", ("size", "rows")),
               Param("cols", "int64_t", ("size", "cols")), Param("x", f"const {vtype} *", ("x",)),

@@ -102,7 +102,8 @@ def _sparse_diagonal(x: SparseTensor, term: str, k: int, equation: str) -> Spars
     the distinct indices (``"ii"`` -> the diagonal, ``"iji"`` -> ``x[a, b, a]`` at ``[a, b]``)."""
     from .shape import assemble, entries
     if x.dim() != len(term):
-        raise ScorchValueError(f"einsum {equation!r}: operand {k} has {x.dim()} dims, its term {term!r} names {len(term)}")
+        raise ScorchValueError(f"einsum {equation!r}: operand {k} has {x.dim()} dims, its term {term!r} "
+                               f"names {len(term)}")
     first = [term.index(c) for c in dict.fromkeys(term)]
     for p, c in enumerate(term):
         if x.shape[p] != x.shape[term.index(c)]:

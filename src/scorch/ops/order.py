@@ -26,8 +26,8 @@ from ..tensor import SparseTensor
 from .reduce import _entries, _group
 from .shape import _dim, _int
 
-__all__ = ["topk", "kthvalue", "median", "nanmedian", "sort", "argsort", "msort", "cumsum", "cumprod", "cummax", "cummin",
-           "logcumsumexp"]
+__all__ = ["topk", "kthvalue", "median", "nanmedian", "sort", "argsort", "msort", "cumsum", "cumprod", "cummax",
+           "cummin", "logcumsumexp"]
 
 _I64 = torch.int64
 
@@ -58,7 +58,8 @@ def topk(input, k, dim=-1, largest=True, sorted=True, *, out=None):
     where = torch.cat([torch.zeros((fibres, k), dtype=_I64).index_put(at, along[best]),
                        _unstored(key, along, fibres, size, k)], 1)
     v = vals.detach()[best]
-    better = torch.zeros(fibres, dtype=_I64).index_add_(0, at[0], ((v > 0) | torch.isnan(v) if largest else v < 0).long())
+    ahead = (v > 0) | torch.isnan(v) if largest else v < 0   # before the zeros in the fibre's order
+    better = torch.zeros(fibres, dtype=_I64).index_add_(0, at[0], ahead.long())
     zeros = torch.clamp(size - torch.bincount(key, minlength=fibres), max=k)
     j = torch.arange(k)
     b, z = better[:, None], zeros[:, None]

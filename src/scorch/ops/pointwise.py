@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from .._dispatch import broadcast_shapes, check_dense_size, dense_fallback, densified, implements, implements_aten, leaves, map_sparse, register_pointwise
+from .._dispatch import (broadcast_shapes, check_dense_size, dense_fallback, densified, implements, implements_aten,
+                         leaves, map_sparse, register_pointwise)
 from ..convert import coords_of
 from ..errors import NotSupportedError, ScorchValueError
 from ..tensor import SparseTensor

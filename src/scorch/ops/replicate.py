@@ -166,7 +166,8 @@ def _kron_entries(t, n: int, dtype):
         flat = t.reshape(-1)
         every = t.requires_grad and torch.is_grad_enabled()
         lin = torch.arange(flat.numel()) if every else torch.nonzero(flat).reshape(-1)
-        coords = torch.stack(unravel_coords(lin, list(t.shape))) if t.dim() else torch.zeros((0, lin.numel()), dtype=_I64)
+        coords = torch.stack(unravel_coords(lin, list(t.shape))) if t.dim() \
+            else torch.zeros((0, lin.numel()), dtype=_I64)
         vals = flat[lin]
     else:
         raise ScorchTypeError(f"kron: expected tensors, got {type(t).__name__}")

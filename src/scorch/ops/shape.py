@@ -492,8 +492,9 @@ def _points(x: SparseTensor, items, key):
 
 @implements(torch.Tensor.__getitem__)
 def getitem(x, key):
-    """``x[key]`` for ints, positive-step slices, None, Ellipsis and one integer index
-    tensor/list, on any dims; other keys raise NotSupportedError."""
+    """``x[key]`` for ints, positive-step slices, None, Ellipsis and one 1-d integer index
+    tensor/list, on any dims; integer tensors broadcast together or bool masks on the leading
+    dims (:func:`_points`); other keys raise NotSupportedError."""
     if not isinstance(x, SparseTensor):
         return _dense_call(torch.Tensor.__getitem__, x, key)
     key = _masks_as_indices(x, key)
