@@ -576,7 +576,7 @@ class _InitAfter:
         out = self.inner.call(operands, ())
         for t in init:
             if (type(out) is torch.Tensor and torch.promote_types(out.dtype, t.dtype) == out.dtype
-                    and t.dim() <= out.dim()   # t broadcasts to out (torch.broadcast_shapes: ~40 us)
+                    and t.dim() <= out.dim()   # t broadcasts to out (torch.broadcast_shapes: ~7 us)
                     and all(a in (1, b) for a, b in zip(reversed(t.shape), reversed(out.shape)))):
                 out.add_(t)
             else:
