@@ -69,6 +69,9 @@ FINALS = {
     "amax dim 0": lambda t: t.amax(dim=0) if t.dim() and t.shape[0] else dense(t),
     "norm": lambda t: torch.linalg.vector_norm(t),
     "topk": lambda t: torch.topk(t, min(2, t.shape[-1]), dim=-1).values if t.dim() else dense(t),
+    "median": lambda t: torch.median(t, dim=-1).values if t.dim() and t.shape[-1] else dense(t),
+    "points": lambda t: t[tuple(torch.arange(min(t.shape) if t.numel() else 0) for _ in t.shape)] if t.dim() else dense(t),
+    "logsumexp": lambda t: torch.logsumexp(t, dim=-1) if t.dim() else dense(t),
 }
 
 
