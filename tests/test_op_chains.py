@@ -70,7 +70,7 @@ FINALS = {
     "norm": lambda t: torch.linalg.vector_norm(t),
     "topk": lambda t: torch.topk(t, min(2, t.shape[-1]), dim=-1).values if t.dim() else dense(t),
     "median": lambda t: torch.median(t, dim=-1).values if t.dim() and t.shape[-1] else dense(t),
-    "points": lambda t: t[tuple(torch.arange(min(t.shape) if t.numel() else 0) for _ in t.shape)] if t.dim() else dense(t),
+    "points": lambda t: t[(torch.arange(min(t.shape) if t.numel() else 0),) * t.dim()] if t.dim() else dense(t),
     "logsumexp": lambda t: torch.logsumexp(t, dim=-1) if t.dim() else dense(t),
 }
 
