@@ -147,3 +147,31 @@ def test_index_add_is_differentiable_and_refuses_a_sparse_target():
         lambda v: torch.index_add(torch.zeros(3, 4, dtype=torch.float64), 0, torch.tensor([2, 0, 2]), A.with_values(v)), (v,))
     with pytest.raises(NotImplementedError, match="writing into a SparseTensor"):
         A.index_add_(0, torch.tensor([0, 1, 2]), torch.ones(3, 4, dtype=torch.float64))
+
+
+# ================================================================ embedding lookups in a sparse table
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "ell"])
+def test_embedding_in_a_sparse_table_matches_dense(fmt):
+    """``F.embedding`` / ``nn.Embedding`` with a SparseTensor table (a pruned embedding) look up
+    the rows only; oracle: the same lookup in the dense table, forward and gradient (read at the
+    stored positions; ``padding_idx``'s row gets none)."""
+    W = make_dense((10, 4), 0.5, 6, torch.float64)
+    idx = torch.tensor([[1, 2, 9], [0, 2, 2]])
+    ref = torch.nn.Embedding(10, 4, padding_idx=2).double()
+    with torch.no_grad():
+        ref.weight.copy_(W)
+    A = scorch.as_sparse(W, fmt).requires_grad_()
+    out = torch.nn.functional.embedding(idx, A, padding_idx=2)
+    assert_dense_equal(out.detach(), ref(idx).detach())
+    weights = torch.arange(24.0, dtype=torch.float64).view(2, 3, 4)
+    (out * weights).sum().backward()
+    (ref(idx) * weights).sum().backward()
+    stored = A.detach().with_values(torch.ones_like(A.values())).to_dense() != 0
+    torch.testing.assert_close(A.grad.to_dense(), ref.weight.grad * stored)
+    m = torch.nn.Embedding(10, 4).double()
+    m.weight = torch.nn.Parameter(scorch.as_sparse(W, fmt))
+    assert_dense_equal(m(idx).detach(), torch.nn.functional.embedding(idx, W))
+    with pytest.raises(NotImplementedError, match="max_norm"):
+        torch.nn.functional.embedding(idx, A, max_norm=1.0)

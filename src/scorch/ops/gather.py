@@ -5,6 +5,7 @@ where none is stored).  Results are dense, as torch's; differentiable w.r.t. the
 
 Writing a SparseTensor's elements into a dense tensor: ``index_add`` from the stored entries,
 ``scatter`` / ``scatter_add`` / ``scatter_reduce`` from the part of the source the index covers.
+``F.embedding`` in a SparseTensor table looks up its rows the same way (``index_select``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ..tensor import SparseTensor
 from .reduce import _entries
 from .shape import _dim, getitem
 
-__all__ = ["take", "gather", "take_along_dim", "masked_select", "index_add", "index_add_"]
+__all__ = ["take", "gather", "take_along_dim", "masked_select", "index_add", "index_add_", "embedding"]
 
 
 def _integer(index, op: str) -> torch.Tensor:
@@ -157,3 +158,27 @@ for _name in ("scatter", "scatter_add", "scatter_reduce"):
     for _owner in (torch, torch.Tensor):
         implements(getattr(_owner, _name))(_scatter(getattr(_owner, _name), _name))
     implements(getattr(torch.Tensor, _name + "_"))(_scatter(getattr(torch.Tensor, _name + "_"), _name + "_"))
+
+
+# ---------------------------------------------------------------- embedding lookups in a sparse table
+
+@implements(torch.nn.functional.embedding)
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+              sparse=False):
+    """``F.embedding`` with a SparseTensor table (a pruned ``nn.Embedding``): the looked-up rows
+    only, densified -- a dense result of ``input.shape + (dim,)`` as torch's, never the whole
+    table -- differentiable w.r.t. the stored values; ``padding_idx``'s rows get no gradient."""
+    if not isinstance(weight, SparseTensor) or isinstance(input, SparseTensor):
+        raise ScorchTypeError("embedding: a SparseTensor is only supported as the weight (the table)")
+    if weight.dim() != 2:
+        raise ScorchValueError(f"embedding: weight must be 2-d (num_embeddings, dim), got {weight.dim()}-d")
+    if max_norm is not None or scale_grad_by_freq:
+        raise NotSupportedError("embedding: max_norm (renormalises the table in place) and scale_grad_by_freq "
+                                "are not supported with a SparseTensor table")
+    index = _integer(input, "embedding")
+    rows = weight.index_select(0, index.reshape(-1))
+    out = (rows.to_dense() if isinstance(rows, SparseTensor) else rows).reshape(*index.shape, weight.shape[1])
+    if padding_idx is not None and out.requires_grad:
+        pad = padding_idx + weight.shape[0] if padding_idx < 0 else padding_idx
+        out = torch.where((index == pad).unsqueeze(-1), out.detach(), out)
+    return out
