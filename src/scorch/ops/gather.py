@@ -5,7 +5,8 @@ where none is stored).  Results are dense, as torch's; differentiable w.r.t. the
 
 Writing a SparseTensor's elements into a dense tensor: ``index_add`` from the stored entries,
 ``scatter`` / ``scatter_add`` / ``scatter_reduce`` from the part of the source the index covers.
-``F.embedding`` in a SparseTensor table looks up its rows the same way (``index_select``).
+``F.embedding`` / ``F.embedding_bag`` in a SparseTensor table look up its rows the same way
+(``index_select``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..tensor import SparseTensor
 from .reduce import _entries
 from .shape import _dim, getitem
 
-__all__ = ["take", "gather", "take_along_dim", "masked_select", "index_add", "index_add_", "embedding"]
+__all__ = ["take", "gather", "take_along_dim", "masked_select", "index_add", "index_add_", "embedding", "embedding_bag"]
 
 
 def _integer(index, op: str) -> torch.Tensor:
@@ -182,3 +183,29 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
         pad = padding_idx + weight.shape[0] if padding_idx < 0 else padding_idx
         out = torch.where((index == pad).unsqueeze(-1), out.detach(), out)
     return out
+
+
+@implements(torch.nn.functional.embedding_bag)
+def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale_grad_by_freq=False, mode="mean",
+                  sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=None):
+    """``F.embedding_bag`` with a SparseTensor table: the looked-up rows densified (one per index,
+    as torch reads them from a dense table), then torch's own bag reduction over them -- its
+    modes, offsets and per-sample weights, unchanged; differentiable w.r.t. the stored values."""
+    if not isinstance(weight, SparseTensor) or isinstance(input, SparseTensor):
+        raise ScorchTypeError("embedding_bag: a SparseTensor is only supported as the weight (the table)")
+    if max_norm is not None or scale_grad_by_freq:
+        raise NotSupportedError("embedding_bag: max_norm (renormalises the table in place) and scale_grad_by_freq "
+                                "are not supported with a SparseTensor table")
+    index = _integer(input, "embedding_bag")
+    flat = index.reshape(-1)
+    rows = weight.index_select(0, flat)
+    rows = rows.to_dense() if isinstance(rows, SparseTensor) else rows
+    # the rows as a table of their own, one per position (a padding position: a zero row after them)
+    local = torch.arange(flat.numel()).reshape(index.shape)
+    pad = None
+    if padding_idx is not None:
+        pad = flat.numel()
+        rows = torch.cat([rows, rows.new_zeros(1, rows.shape[1])])
+        local = torch.where(index == (padding_idx % weight.shape[0]), pad, local)
+    return torch.nn.functional.embedding_bag(local, rows, offsets, mode=mode, per_sample_weights=per_sample_weights,
+                                             include_last_offset=include_last_offset, padding_idx=pad)
