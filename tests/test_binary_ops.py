@@ -224,3 +224,32 @@ def test_in_place_ops_into_a_dense_tensor(name, fmt):
         assert not isinstance(got, scorch.SparseTensor)
         assert name == "broadcast add_" or got is t
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+MASKS = {"entrywise": lambda x: x > 0.2, "a row": lambda x: torch.arange(x.shape[1]) % 2 == 0,
+         "a column": lambda x: (torch.arange(x.shape[0]) % 3 == 0)[:, None], "all": lambda x: torch.tensor(True)}
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("fmt", ["coo", "csr", "ell"])
+def test_masked_fill_keeps_the_pattern_for_zero_and_refuses_to_grow_it_in_place(mask, fmt):
+    """``masked_fill(mask, 0)`` stays sparse in the pattern (it densified); another value gives
+    the dense result; in place, a value lands on the stored entries only when the mask selects
+    no others (else it raises); oracle: masked_fill on the dense tensor."""
+    x = rnd(5, 6)
+    A = scorch.as_sparse(x, fmt)
+    m = MASKS[mask](x)
+    out = A.masked_fill(m, 0.0)
+    assert isinstance(out, scorch.SparseTensor) and out.nnz == A.nnz
+    torch.testing.assert_close(out.to_dense(), x.masked_fill(m, 0.0), rtol=0, atol=0)
+    torch.testing.assert_close(A.masked_fill(m, -2.5), x.masked_fill(m, -2.5), rtol=0, atol=0)
+    B = A.clone()
+    B.masked_fill_(m, 0.0)
+    torch.testing.assert_close(B.to_dense(), x.masked_fill(m, 0.0), rtol=0, atol=0)
+    on_stored = m.expand(x.shape) & (x != 0)
+    C = A.clone()
+    C.masked_fill_(on_stored, 3.0)
+    torch.testing.assert_close(C.to_dense(), x.masked_fill(on_stored, 3.0), rtol=0, atol=0)
+    if bool((m.expand(x.shape) & (x == 0)).any()):
+        with pytest.raises(NotImplementedError, match="grow its pattern"):
+            A.clone().masked_fill_(m, 3.0)

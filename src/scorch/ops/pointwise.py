@@ -232,3 +232,51 @@ def dropout(input, p=0.5, training=True, inplace=False):
         input._values.copy_(values.detach())
         return input
     return input.detach().with_values(values) if values.requires_grad else input._like(values=values, nnz=input._stored)
+
+
+# ------------------------------------------------------------------ masked_fill: the mask read at the stored entries
+
+def _mask_hits(x: SparseTensor, mask) -> torch.Tensor:
+    """Per value of ``x``: whether ``mask`` (broadcast to ``x``'s shape) is True at its entry
+    (False at ELL's padding slots)."""
+    m = mask.to_dense() if isinstance(mask, SparseTensor) else mask
+    coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
+    hits = torch.zeros(x._values.shape, dtype=torch.bool)
+    hits[where] = m.expand(x._shape)[tuple(coords)]
+    return hits
+
+
+def _fill_value(value):
+    return value.item() if isinstance(value, torch.Tensor) else value
+
+
+@implements_aten(torch.ops.aten.masked_fill.Scalar, torch.ops.aten.masked_fill.Tensor)
+def _masked_fill(self, mask, value):
+    """Filling with 0 keeps the pattern (the masked stored values become 0); any other value
+    reaches the absent entries too: the result is dense, computed densely."""
+    value = _fill_value(value)
+    if not isinstance(self, SparseTensor):   # a dense tensor with a sparse mask
+        return torch.ops.aten.masked_fill.Scalar(self, mask.to_dense(), value)
+    if value == 0 and isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
+        return self._like(values=self._values.masked_fill(_mask_hits(self, mask), 0), nnz=self._stored)
+    check_dense_size("masked_fill with a value other than 0 gives a dense result, and", [self, mask])
+    return torch.ops.aten.masked_fill.Scalar(self.to_dense(), mask.to_dense() if isinstance(mask, SparseTensor)
+                                             else mask, value)
+
+
+@implements_aten(torch.ops.aten.masked_fill_.Scalar, torch.ops.aten.masked_fill_.Tensor)
+def _masked_fill_(self, mask, value):
+    """In place: the masked stored values take ``value``; a nonzero value where nothing is stored
+    would grow the pattern, which an in-place op cannot -- that raises."""
+    value = _fill_value(value)
+    if not isinstance(self, SparseTensor):
+        return self.masked_fill_(mask.to_dense(), value)
+    hits = _mask_hits(self, mask)
+    if value != 0:
+        m = mask.to_dense() if isinstance(mask, SparseTensor) else mask
+        if int(m.expand(self._shape).sum()) != int(hits.sum()):
+            raise NotSupportedError("masked_fill_: the mask selects positions the SparseTensor does not store, and "
+                                    f"filling them with {value!r} would grow its pattern; use the out-of-place "
+                                    "masked_fill (dense) or fill with 0")
+    self._values.masked_fill_(hits, value)
+    return self
