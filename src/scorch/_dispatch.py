@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from . import config
-from .errors import NotSupportedError, ScorchValueError
+from .errors import NotSupportedError, ScorchTypeError, ScorchValueError
 from .tensor import SparseTensor
 
 _FUNCTIONS: dict[Callable, Callable] = {}
@@ -226,6 +226,34 @@ implements(torch.Tensor.indices, torch.Tensor._indices)(SparseTensor.indices)
 for _name in ("tolist", "_nnz", "sparse_dim", "dense_dim", "crow_indices", "col_indices", "ccol_indices", "row_indices",
               "to_sparse", "to_sparse_coo", "to_sparse_csr", "to_sparse_csc", "to_sparse_bsr", "to_sparse_bsc"):
     implements(getattr(torch.Tensor, _name))(getattr(SparseTensor, _name))
+
+
+# A SparseTensor's buffers are its index arrays and values; the wrapper has no storage of its
+# own, and torch's storage methods on it crash the process (share_memory_, a storage's copy_).
+@implements(torch.Tensor.share_memory_)
+def _share_memory_(self):
+    for t in (*self._pos, *self._crd, self._values):
+        if t is not None:
+            t.share_memory_()
+    return self
+
+
+@implements(torch.Tensor.is_shared)
+def _is_shared(self):
+    return self._values.is_shared()
+
+
+@implements(torch.Tensor.untyped_storage, torch.Tensor.storage, torch.Tensor._typed_storage)
+def _no_storage(self, *args, **kwargs):
+    raise ScorchTypeError("a SparseTensor has no storage of its own: its buffers are x.values() and the index "
+                          "arrays x.pos(level) / x.crd(level)")
+
+
+@implements(torch.Tensor.apply_)
+def _apply_(self, callable):
+    """``fn`` on each stored value, in place (as every in-place op: the pattern stays)."""
+    self._values.apply_(callable)
+    return self
 
 
 @implements(torch.Tensor.copy_)

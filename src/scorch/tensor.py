@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 
 import torch
 
@@ -64,7 +63,11 @@ class SparseTensor(torch.Tensor):
         optimizer updates the stored values in place)."""
         if getattr(self, "_pattern_hook", False) or self.grad_fn is not None:
             return
-        self.register_hook(functools.partial(_grad_in_pattern, weakref.ref(self)))
+        # the hook holds a twin sharing this tensor's pattern (kept current by _set_storage), not
+        # the tensor: a weak reference would stop Module.double() / .to() from swapping a
+        # Parameter's contents (torch.utils.swap_tensors refuses a tensor with weakrefs)
+        self._pattern_box = [self._like(nnz=self._stored)]
+        self.register_hook(functools.partial(_grad_in_pattern, self._pattern_box))
         self._pattern_hook = True
 
     @classmethod
@@ -95,6 +98,9 @@ class SparseTensor(torch.Tensor):
         self._density = self._stored / n if n else 0.0   # read on every dispatch decision
         # the part of a kernel call's cache key this tensor gives (compiler.driver._signature)
         self._sig = (self._format._key, self._values.dtype, self._crd_dtype(), self._shape)
+        box = getattr(self, "_pattern_box", None)
+        if box is not None:   # the leaf's gradient hook reads the pattern from here
+            box[0] = self._like(nnz=self._stored)
 
     def _count_nnz(self) -> int:
         if not any(lv.kind == "padded" for lv in self._format.levels):
@@ -553,9 +559,9 @@ def _from_dense_with_width(fmt, x, index_dtype):
     return pos, crd, values
 
 
-def _grad_in_pattern(ref, grad):
-    x = ref()
-    if x is None or grad is None:
+def _grad_in_pattern(box, grad):
+    x = box[0]
+    if grad is None:
         return grad
     from .ops._pattern import project, same_pattern
     if isinstance(grad, SparseTensor) and same_pattern(grad, x):
