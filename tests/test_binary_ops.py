@@ -253,3 +253,25 @@ def test_masked_fill_keeps_the_pattern_for_zero_and_refuses_to_grow_it_in_place(
     if bool((m.expand(x.shape) & (x == 0)).any()):
         with pytest.raises(NotImplementedError, match="grow its pattern"):
             A.clone().masked_fill_(m, 3.0)
+
+
+FILLS = {"uniform_": lambda t, g: t.uniform_(-2, 3, generator=g), "normal_": lambda t, g: t.normal_(1, 2, generator=g),
+         "bernoulli_": lambda t, g: t.bernoulli_(0.3, generator=g), "exponential_": lambda t, g: t.exponential_(generator=g),
+         "log_normal_": lambda t, g: t.log_normal_(generator=g), "cauchy_": lambda t, g: t.cauchy_(generator=g),
+         "random_": lambda t, g: t.random_(0, 7, generator=g), "geometric_": lambda t, g: t.geometric_(0.4, generator=g)}
+
+
+@pytest.mark.parametrize("name", list(FILLS))
+@pytest.mark.parametrize("fmt", ["coo", "csr", "ell"])
+def test_random_fills_draw_the_stored_values(name, fmt):
+    """In-place random fills (what ``nn.init`` calls) fill the stored values and keep the pattern
+    (they raised); oracle: the same fill, same seed, on a plain tensor of the values."""
+    A = scorch.as_sparse(rnd(5, 6), fmt)
+    stored = A.values().clone()
+    out = FILLS[name](A, torch.Generator().manual_seed(3))
+    assert out is A
+    assert torch.equal(A.values(), FILLS[name](stored, torch.Generator().manual_seed(3)))
+    lin = scorch.nn.SparseLinear.from_dense(torch.nn.Linear(8, 4), sparsity=0.5)
+    nnz = lin.weight.nnz
+    torch.nn.init.xavier_uniform_(lin.weight)
+    assert lin.weight.nnz == nnz and float(lin.weight.detach().values().abs().max()) <= (6 / 12) ** 0.5

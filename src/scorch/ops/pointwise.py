@@ -280,3 +280,27 @@ def _masked_fill_(self, mask, value):
                                     "masked_fill (dense) or fill with 0")
     self._values.masked_fill_(hits, value)
     return self
+
+
+# ------------------------------------------------------------------ random fills: the stored values, as every in-place op
+
+def _fill_stored(func):
+    """``func`` (an in-place random fill: ``uniform_``, ``normal_``...) on the stored values --
+    ``nn.init.xavier_uniform_(sparse_weight)`` initialises the weights the pattern keeps; like
+    every in-place op on a SparseTensor, it cannot make absent entries present."""
+    def fill(self, *args, **kwargs):
+        if not isinstance(self, SparseTensor):
+            return func(self, *args, **kwargs)
+        if any(isinstance(a, torch.Tensor) and a.dim() for a in leaves(args, kwargs)):   # bernoulli_(p tensor)
+            raise NotSupportedError(f"{func.overloadpacket.__name__}: a tensor of parameters is not supported "
+                                    "on a SparseTensor; pass a number")
+        func(self._values, *args, **kwargs)
+        return self
+    return fill
+
+
+for _op in (torch.ops.aten.uniform_.default, torch.ops.aten.normal_.default, torch.ops.aten.bernoulli_.float,
+            torch.ops.aten.bernoulli_.Tensor, torch.ops.aten.exponential_.default, torch.ops.aten.geometric_.default,
+            torch.ops.aten.log_normal_.default, torch.ops.aten.cauchy_.default, torch.ops.aten.random_.default,
+            torch.ops.aten.random_.to, getattr(torch.ops.aten.random_, "from")):   # ("from": a keyword)
+    implements_aten(_op)(_fill_stored(_op))
