@@ -703,31 +703,29 @@ def function(kernel: Kernel) -> str:
 # Included by kernels that move tiles of a matrix to their transposed place (compiler.permute),
 # after AVX512_PRELUDE (its in-register transposes).
 TILE_PRELUDE = """\
-/* The 16 x 16 floats (8 x 8 doubles) at x, rows ldx apart, transposed into y, rows ldy apart:
-   in registers (16 loads, 64 shuffles, 16 stores) where AVX-512 is, else element by element. */
+/* The N x N values of type T at x, rows ldx apart, transposed into y, rows ldy apart: in
+   registers (N loads, the transpose's shuffles, N stores) where AVX-512 is, else element by
+   element.  16 x 16 floats, 8 x 8 doubles. */
+#define SCORCH_TILE_T_VEC(T, V, N, LOAD, STORE, TRANSPOSE)                                       \\
+static inline void scorch_tile_t_##T(const T *x, int64_t ldx, T *y, int64_t ldy) {              \\
+  V r[N];                                                                                       \\
+  _Pragma("GCC unroll 16") for (int i = 0; i < N; i++) r[i] = LOAD(x + i * ldx);                \\
+  TRANSPOSE(r);                                                                                 \\
+  _Pragma("GCC unroll 16") for (int i = 0; i < N; i++) STORE(y + i * ldy, r[i]);                \\
+}
+#define SCORCH_TILE_T_SCALAR(T, N)                                                              \\
+static inline void scorch_tile_t_##T(const T *x, int64_t ldx, T *y, int64_t ldy) {              \\
+  for (int i = 0; i < N; i++) for (int j = 0; j < N; j++) y[j * ldy + i] = x[i * ldx + j];     \\
+}
 #if defined(__AVX512F__)
-static inline void scorch_tile_t_float(const float *x, int64_t ldx, float *y, int64_t ldy) {
-  __m512 r[16];
-  _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(x + i * ldx);
-  scorch_transpose16(r);
-  _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) _mm512_storeu_ps(y + i * ldy, r[i]);
-}
+SCORCH_TILE_T_VEC(float, __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, scorch_transpose16)
 #else
-static inline void scorch_tile_t_float(const float *x, int64_t ldx, float *y, int64_t ldy) {
-  for (int i = 0; i < 16; i++) for (int j = 0; j < 16; j++) y[j * ldy + i] = x[i * ldx + j];
-}
+SCORCH_TILE_T_SCALAR(float, 16)
 #endif
 #if defined(__AVX512F__) && defined(__AVX512VL__)
-static inline void scorch_tile_t_double(const double *x, int64_t ldx, double *y, int64_t ldy) {
-  __m512d r[8];
-  _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) r[i] = _mm512_loadu_pd(x + i * ldx);
-  scorch_transpose8d(r);
-  _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) _mm512_storeu_pd(y + i * ldy, r[i]);
-}
+SCORCH_TILE_T_VEC(double, __m512d, 8, _mm512_loadu_pd, _mm512_storeu_pd, scorch_transpose8d)
 #else
-static inline void scorch_tile_t_double(const double *x, int64_t ldx, double *y, int64_t ldy) {
-  for (int i = 0; i < 8; i++) for (int j = 0; j < 8; j++) y[j * ldy + i] = x[i * ldx + j];
-}
+SCORCH_TILE_T_SCALAR(double, 8)
 #endif
 """
 
