@@ -196,3 +196,14 @@ def test_matrix_ops_are_differentiable():
     y = torch.arange(2.0, dtype=torch.float64).requires_grad_()
     for f in (lambda B: torch.diag_embed(B, 1), lambda B: torch.rot90(B), lambda B: torch.block_diag(B, y, B)):
         assert torch.autograd.gradcheck(lambda v, y: dense(f(A.with_values(v))), (v, y))
+
+
+def test_value_statistics_read_stored_entries_not_ell_padding():
+    """ELL's padding slots hold whatever an in-place op left there (``add_(1)`` makes them 1); the
+    value statistics counted them as stored values; oracle: the dense tensor."""
+    A = scorch.as_sparse(X, "ell")
+    A.add_(1)
+    dense_A = A.to_dense()
+    for got, want in zip(torch.unique(A, return_counts=True), torch.unique(dense_A, return_counts=True)):
+        assert torch.equal(got, want)
+    assert torch.equal(torch.histc(A, bins=5), torch.histc(dense_A, bins=5))

@@ -90,8 +90,8 @@ def dist(input, other, p=2):
 
 
 def _zeros(x: SparseTensor) -> int:
-    """How many elements of ``x`` are absent (implicit zeros)."""
-    return x.numel() - x.values().numel()
+    """How many elements of ``x`` are absent (implicit zeros; ELL's padding slots are not entries)."""
+    return x.numel() - x.nnz
 
 
 @implements(torch.unique, torch.Tensor.unique)
@@ -102,7 +102,7 @@ def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=No
         check_dense_size("unique with return_inverse or dim gives a dense result, and", [input])
         return torch.unique(input.to_dense(), sorted=sorted, return_inverse=return_inverse,
                             return_counts=return_counts, dim=dim)
-    values, counts = torch.unique(input.values().detach(), sorted=True, return_counts=True)
+    values, counts = torch.unique(_entries(input)[1].detach(), sorted=True, return_counts=True)
     zeros = _zeros(input)
     if zeros:
         here = values == 0
@@ -121,7 +121,7 @@ def histc(input, bins=100, min=0, max=0, *, out=None):
     the data's range, implicit zeros included, when ``min == max``, as torch)."""
     if out is not None:
         raise ScorchValueError("histc: out= is not supported with a SparseTensor input")
-    vals, zeros = input.values().detach(), _zeros(input)
+    vals, zeros = _entries(input)[1].detach(), _zeros(input)
     lo, hi = float(min), float(max)
     if lo == hi and input.numel():
         points = [vals.min(), vals.max()] if vals.numel() else []
