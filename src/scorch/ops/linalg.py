@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from .._dispatch import implements
+from .._dispatch import broadcast_shapes, implements
 from ..compiler import permute
 from ..errors import ScorchValueError
 from ..interop import is_sparse
@@ -133,7 +133,7 @@ def _scaled_sum(equation, input, a, b, beta, alpha):
     if alpha != 1:
         prod = prod * alpha
     if beta == 0:
-        shape = torch.broadcast_shapes(input.shape, prod.shape)
+        shape = broadcast_shapes(input.shape, prod.shape)
         return prod if tuple(prod.shape) == tuple(shape) else prod.expand(shape)
     return (input if beta == 1 else input * beta) + prod
 

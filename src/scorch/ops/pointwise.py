@@ -239,11 +239,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
 def _mask_hits(x: SparseTensor, mask) -> torch.Tensor:
     """Per value of ``x``: whether ``mask`` (broadcast to ``x``'s shape) is True at its entry
     (False at ELL's padding slots)."""
-    m = mask.to_dense() if isinstance(mask, SparseTensor) else mask
-    coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
-    hits = torch.zeros(x._values.shape, dtype=torch.bool)
-    hits[where] = m.expand(x._shape)[tuple(coords)]
-    return hits
+    return project((mask.to_dense() if isinstance(mask, SparseTensor) else mask).expand(x._shape), x)
 
 
 def _fill_value(value):
