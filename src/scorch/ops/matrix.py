@@ -14,6 +14,7 @@ from .._dispatch import implements
 from ..errors import ScorchValueError
 from ..tensor import SparseTensor
 from .reduce import diagonal as _diagonal
+from .replicate import padded_entries
 from .shape import _dim, _int, assemble, entries, flip
 
 __all__ = ["diag", "diag_embed", "block_diag", "rot90"]
@@ -73,18 +74,8 @@ def block_diag(*tensors):
     for k, t in enumerate(tensors):
         if t.dim() > 2:
             raise ScorchValueError(f"block_diag: tensor {k} has {t.dim()} dims, expected at most 2")
-        shape = (1, 1) if t.dim() == 0 else (1, t.shape[0]) if t.dim() == 1 else tuple(t.shape)
-        if isinstance(t, SparseTensor):
-            coords, ids = entries(t)
-            vals = t.values()[ids]
-            coords = coords if t.dim() == 2 else torch.cat([torch.zeros((1, ids.numel()), dtype=_I64), coords])
-        else:
-            flat = t.reshape(-1)
-            keep = torch.arange(flat.numel()) if (t.requires_grad and torch.is_grad_enabled()) \
-                else torch.nonzero(flat).reshape(-1)
-            coords, vals = torch.stack([keep // shape[1], keep % shape[1]]) if shape[1] else \
-                torch.zeros((2, 0), dtype=_I64), flat[keep]
-        pieces.append((coords + torch.tensor([[rows], [cols]]), vals.to(dtype)))
+        coords, vals, shape = padded_entries(t, 2, dtype, "block_diag")   # 0-d: 1 x 1, 1-d: one row
+        pieces.append((coords + torch.tensor([[rows], [cols]]), vals))
         rows, cols = rows + shape[0], cols + shape[1]
     coords = torch.cat([c for c, _ in pieces], 1)
     vals = torch.cat([v for _, v in pieces])

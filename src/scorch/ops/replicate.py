@@ -154,10 +154,10 @@ def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
     return assemble(input._format, shape, coords, ids[owner], input.values(), input.index_dtype)
 
 
-def _kron_entries(t, n: int, dtype):
-    """Coordinates (``n`` dims, leading ones padded), differentiable values and shape of ``t``'s
-    entries: a SparseTensor's stored ones, or every element of a dense tensor (its zeros too,
-    when it needs a gradient), else its nonzeros."""
+def padded_entries(t, n: int, dtype, op: str):
+    """Coordinates (``n`` dims, leading ones padded), differentiable values (as ``dtype``) and the
+    padded shape of ``t``'s entries: a SparseTensor's stored ones, or every element of a dense
+    tensor (its zeros too, when it needs a gradient), else its nonzeros (``kron``, ``block_diag``)."""
     shape = [1] * (n - t.dim()) + list(t.shape)
     if isinstance(t, SparseTensor):
         coords, ids = entries(t)
@@ -170,7 +170,7 @@ def _kron_entries(t, n: int, dtype):
             else torch.zeros((0, lin.numel()), dtype=_I64)
         vals = flat[lin]
     else:
-        raise ScorchTypeError(f"kron: expected tensors, got {type(t).__name__}")
+        raise ScorchTypeError(f"{op}: expected tensors, got {type(t).__name__}")
     coords = torch.cat([torch.zeros((n - t.dim(), coords.shape[1]), dtype=_I64), coords])
     return coords, vals.to(dtype), shape
 
@@ -183,8 +183,8 @@ def kron(input, other, *, out=None):
         raise ScorchValueError("kron: out= is not supported with a SparseTensor operand")
     n = max(input.dim(), other.dim())
     dtype = torch.result_type(input, other)
-    ca, va, sa = _kron_entries(input, n, dtype)
-    cb, vb, sb = _kron_entries(other, n, dtype)
+    ca, va, sa = padded_entries(input, n, dtype, "kron")
+    cb, vb, sb = padded_entries(other, n, dtype, "kron")
     coords = (ca[:, :, None] * torch.tensor(sb, dtype=_I64)[:, None, None] + cb[:, None, :]).reshape(n, -1)
     vals = (va[:, None] * vb[None, :]).reshape(-1)
     fmt = (input if isinstance(input, SparseTensor) else other)._format
