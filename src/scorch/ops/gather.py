@@ -163,22 +163,28 @@ for _name in ("scatter", "scatter_add", "scatter_reduce"):
 
 # ---------------------------------------------------------------- embedding lookups in a sparse table
 
+def _table_rows(input, weight, max_norm, scale_grad_by_freq, op: str):
+    """``(index, rows)``: the checked index and the table's rows it looks up, one per index entry,
+    densified (never the whole table); differentiable w.r.t. the stored values."""
+    if not isinstance(weight, SparseTensor) or isinstance(input, SparseTensor):
+        raise ScorchTypeError(f"{op}: a SparseTensor is only supported as the weight (the table)")
+    if weight.dim() != 2:
+        raise ScorchValueError(f"{op}: weight must be 2-d (num_embeddings, dim), got {weight.dim()}-d")
+    if max_norm is not None or scale_grad_by_freq:
+        raise NotSupportedError(f"{op}: max_norm (renormalises the table in place) and scale_grad_by_freq "
+                                "are not supported with a SparseTensor table")
+    index = _integer(input, op)
+    return index, _dense(weight.index_select(0, index.reshape(-1)))
+
+
 @implements(torch.nn.functional.embedding)
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
               sparse=False):
     """``F.embedding`` with a SparseTensor table (a pruned ``nn.Embedding``): the looked-up rows
     only, densified -- a dense result of ``input.shape + (dim,)`` as torch's, never the whole
     table -- differentiable w.r.t. the stored values; ``padding_idx``'s rows get no gradient."""
-    if not isinstance(weight, SparseTensor) or isinstance(input, SparseTensor):
-        raise ScorchTypeError("embedding: a SparseTensor is only supported as the weight (the table)")
-    if weight.dim() != 2:
-        raise ScorchValueError(f"embedding: weight must be 2-d (num_embeddings, dim), got {weight.dim()}-d")
-    if max_norm is not None or scale_grad_by_freq:
-        raise NotSupportedError("embedding: max_norm (renormalises the table in place) and scale_grad_by_freq "
-                                "are not supported with a SparseTensor table")
-    index = _integer(input, "embedding")
-    rows = weight.index_select(0, index.reshape(-1))
-    out = (rows.to_dense() if isinstance(rows, SparseTensor) else rows).reshape(*index.shape, weight.shape[1])
+    index, rows = _table_rows(input, weight, max_norm, scale_grad_by_freq, "embedding")
+    out = rows.reshape(*index.shape, weight.shape[1])
     if padding_idx is not None and out.requires_grad:
         pad = padding_idx + weight.shape[0] if padding_idx < 0 else padding_idx
         out = torch.where((index == pad).unsqueeze(-1), out.detach(), out)
@@ -191,15 +197,8 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
     """``F.embedding_bag`` with a SparseTensor table: the looked-up rows densified (one per index,
     as torch reads them from a dense table), then torch's own bag reduction over them -- its
     modes, offsets and per-sample weights, unchanged; differentiable w.r.t. the stored values."""
-    if not isinstance(weight, SparseTensor) or isinstance(input, SparseTensor):
-        raise ScorchTypeError("embedding_bag: a SparseTensor is only supported as the weight (the table)")
-    if max_norm is not None or scale_grad_by_freq:
-        raise NotSupportedError("embedding_bag: max_norm (renormalises the table in place) and scale_grad_by_freq "
-                                "are not supported with a SparseTensor table")
-    index = _integer(input, "embedding_bag")
+    index, rows = _table_rows(input, weight, max_norm, scale_grad_by_freq, "embedding_bag")
     flat = index.reshape(-1)
-    rows = weight.index_select(0, flat)
-    rows = rows.to_dense() if isinstance(rows, SparseTensor) else rows
     # the rows as a table of their own, one per position (a padding position: a zero row after them)
     local = torch.arange(flat.numel()).reshape(index.shape)
     pad = None
