@@ -89,7 +89,9 @@ def test_op_chains_match_dense(data):
         name = data.draw(st.sampled_from(usable))
         names.append(name)
         f = STEPS[name][1]
-        A, x = f(A, x), f(x, x)
+        # the oracle contiguous: torch.median of an expanded (stride-0) view, transposed, reads
+        # the wrong elements (torch 2.13: median([1.54, 1.54]) gave -0.29)
+        A, x = f(A, x), f(x, x).contiguous()
         assert tuple(A.shape) == tuple(x.shape), (names, A.shape, x.shape)
         torch.testing.assert_close(dense(A), x, msg=lambda m: f"{names}: {m}")
     final = data.draw(st.sampled_from(list(FINALS)))

@@ -10,6 +10,7 @@ serves every shape.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -22,9 +23,9 @@ from ..errors import InternalError, NotSupportedError, ScorchTypeError, ScorchVa
 from ..format import bsc_format, bsr_format, preset
 from ..interop import as_sparse, is_sparse
 from ..tensor import SparseTensor
-from . import build, codegen
+from . import build, codegen, compact
 from .lower import lower
-from .notation import Einsum, parse, product
+from .notation import Einsum, parse, permutation, product
 from .schedule import Operand, Schedule, make_schedule
 
 _TORCH_LAYOUT_FORMAT = {torch.sparse_coo: "coo", torch.sparse_csr: "csr", torch.sparse_csc: "csc"}
@@ -190,7 +191,18 @@ def explain(equation: str, *operands, format=None) -> Plan:
     >>> plan.loop_order
     ('i', 'j', 'k')
     """
-    plan = _plan(equation, _operands(operands), format)[0]
+    ops = _operands(operands)
+    if len(ops) == 1 and type(ops[0]) is SparseTensor and (perm := permutation(equation, ops[0].dim())) is not None:
+        fmt = ops[0].format.permuted(perm)
+        return Plan(equation, (), f"sparse, {fmt} (the operand's storage, its dims reordered)", "none",
+                    ("a permutation of a sparse operand's dims reads its storage in another mode order: no kernel",),
+                    "", backend="permute (no kernel)")
+    plan, ein, ops = _plan(equation, ops, format)[:3]
+    if plan.schedule.output[0] == "assemble" and (wide := compact.wide_indices(ein, ops, build.num_threads())):
+        present = compact.compact(ein, ops, wide)[1]
+        out = "dcsr" if any(c in present for c in ein.output[:-1]) else "csr"
+        plan = dataclasses.replace(plan, notes=plan.notes + (compact.note(wide, present, ein),),
+                                   output_format=f"sparse, {out} assembled over the coordinates present")
     if not build.have_compiler():
         plan = Plan(plan.equation, plan.loop_order, plan.output_format, plan.parallel,
                     plan.notes + ("no C compiler found: runs torch.einsum on dense operands",),
@@ -362,7 +374,7 @@ class _Bound:
             width = out_shape[-1] if plan.kernels[1].uses_workspace else 0
             return _Assembled(tuple(plan.function(k.name) for k in plan.kernels),
                               tuple(_layout(k, size, ops2) for k in plan.kernels),
-                              out_shape, width, cdtype, out_dtype, format, work)
+                              out_shape, width, cdtype, out_dtype, format, work, ein, expr)
         kernel = plan.kernels[0]
         buffers = sched.output[0] == "dense" and sched.parallel == "buffers"
         bound = _Bound(plan, plan.function(kernel.name), _layout(kernel, size, ops2, views), out_shape, buffers,
@@ -447,11 +459,17 @@ class _Assembled:
     out_dtype: torch.dtype
     format: object
     work: tuple
+    ein: Einsum
+    expr: object
 
     def __post_init__(self):
         self.call = self.__call__
+        rows = math.prod(self.out_shape[:-1])
+        self.wide = rows * 2 + build.num_threads() * self.out_shape[-1] * 3 > compact.MIN_ELEMENTS if self.out_shape else False
 
     def __call__(self, ops, init=()):
+        if self.wide and compact.wide_indices(self.ein, ops, build.num_threads()):
+            return evaluate(str(self.ein), ops, format=self.format, expr=self.expr)
         nthreads = build.threads_for(_work(self.work, ops))
 
         def call(k, buffers):
@@ -598,11 +616,17 @@ class _Slow:
         return evaluate(self.equation, _operands(operands), format=self.format, init=init, expr=self.expr)
 
 
-def evaluate(equation: str, ops, *, format=None, expr=None, init=()):
+def evaluate(equation: str, ops, *, format=None, expr=None, init=(), compacted=False):
     """Run ``equation`` over prepared operands; ``expr`` (index notation over
     ``Access(k, indices)``) replaces the product of operands when given; ``init``
-    (dense, broadcastable to the result) is added to it, inside the kernel when it can."""
+    (dense, broadcastable to the result) is added to it, inside the kernel when it can.
+    A hypersparse assembled result runs over the coordinates present (:mod:`compact`; once:
+    ``compacted`` operands are not compacted again)."""
     plan, ein, ops, out_dtype, cdtype = _plan(equation, list(ops), format, expr)
+    if plan.schedule.output[0] == "assemble" and not (init or compacted) and build.have_compiler() \
+            and (wide := compact.wide_indices(ein, ops, build.num_threads())):
+        small, present = compact.compact(ein, ops, wide)
+        return compact.expand(evaluate(str(ein), small, expr=expr, compacted=True), ein, present, format)
     views = None
     if init and build.have_compiler():
         plan, views = _with_init(equation, plan, ein, ops, format, expr, init, cdtype)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import ScorchTypeError, ScorchValueError
 
-__all__ = ["Einsum", "parse"]
+__all__ = ["Einsum", "parse", "permutation"]
 
 
 @dataclass(frozen=True)
@@ -192,3 +192,22 @@ def without(e, absent: frozenset):
             return Zero()
         return Op(e.op, a, b)  # max / min against an absent (zero) operand keep the zero
     return e
+
+
+_PERMUTES: dict = {}  # (equation, ndim) -> the permutation it is, or None
+
+
+def permutation(equation, ndim: int):
+    """The dims' permutation when ``equation`` has one term of ``ndim`` distinct indices and an
+    explicit output that reorders them (``"ij->ji"``: no sums, no ellipsis), else None (the
+    identity too).  Remembered per equation: it is asked on every one-operand call."""
+    key = (equation, ndim)
+    found = _PERMUTES.get(key, False)
+    if found is False:
+        lhs, arrow, rhs = equation.replace(" ", "").partition("->") if isinstance(equation, str) else ("", "", "")
+        ok = (arrow and "," not in lhs and "." not in lhs and len(lhs) == ndim and len(set(lhs)) == ndim
+              and sorted(lhs) == sorted(rhs) and lhs != rhs and all(_is_index(c) for c in lhs))
+        found = tuple(lhs.index(c) for c in rhs) if ok else None
+        if len(_PERMUTES) < 4096:
+            _PERMUTES[key] = found
+    return found

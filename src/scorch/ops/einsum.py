@@ -17,7 +17,7 @@ import torch
 from .. import config, runtime
 from .._dispatch import implements
 from ..compiler import driver
-from ..compiler.notation import parse
+from ..compiler.notation import parse, permutation
 from ..errors import NotSupportedError, ScorchValueError
 from ..tensor import SparseTensor
 from ._pattern import project
@@ -43,6 +43,10 @@ def _einsum(equation: str, operands, format, init):
     function, or the compiled kernel directly."""
     operands, init = tuple(runtime.maybe_sparsify(operands)), tuple(init)
     equation, operands = _diagonals(equation, operands)
+    if len(operands) == 1 and not init and type(operands[0]) is SparseTensor \
+            and (perm := permutation(equation, operands[0].dim())) is not None:
+        out = operands[0].permute(perm)  # "ij->ji": a sparse transpose, not a scatter into a dense result
+        return out if format is None else out.to_dense() if format == "dense" else out.asformat(format)
     key = driver._signature(equation, format, operands, init)  # once per call: dispatch and kernel caches
     if _dense_path(equation, operands, format, key):
         dense = [x.to_dense() if isinstance(x, SparseTensor) else x for x in driver._operands(operands)]
