@@ -18,14 +18,14 @@ pytestmark = pytest.mark.skipif(not build.have_compiler(), reason="no C compiler
 
 
 @contextlib.contextmanager
-def forced(min_elements=0, per_entry=0):
-    """Compact every assembled result (both thresholds off), restoring them after."""
-    old = compact.MIN_ELEMENTS, compact.PER_ENTRY
-    compact.MIN_ELEMENTS, compact.PER_ENTRY = min_elements, per_entry
+def forced(min_elements=0, per_entry=0, per_index=0):
+    """Compact every assembled result (the thresholds off), restoring them after."""
+    old = compact.MIN_ELEMENTS, compact.PER_ENTRY, compact.PER_INDEX
+    compact.MIN_ELEMENTS, compact.PER_ENTRY, compact.PER_INDEX = min_elements, per_entry, per_index
     try:
         yield
     finally:
-        compact.MIN_ELEMENTS, compact.PER_ENTRY = old
+        compact.MIN_ELEMENTS, compact.PER_ENTRY, compact.PER_INDEX = old
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -112,7 +112,7 @@ def test_cached_call_compacts_when_a_later_call_is_hypersparse():
     few[0][3, 7], few[0][300, 9], few[1][7, 350], few[1][9, 2] = 1.5, -2.0, 3.0, 0.5
     calls = []
     real = compact.compact
-    with forced(min_elements=0, per_entry=16), pytest.MonkeyPatch.context() as mp:
+    with forced(min_elements=0, per_entry=16, per_index=1), pytest.MonkeyPatch.context() as mp:
         mp.setattr(compact, "compact", lambda *a: calls.append(1) or real(*a))
         for pair in (big, big, few):
             A, B = (scorch.as_sparse(x, "csr") for x in pair)
@@ -132,6 +132,26 @@ def test_gradients_through_a_compacted_product_match_dense():
     (((da @ db) * (da @ db)).sum()).backward()
     torch.testing.assert_close(A.grad.to_dense(), da.grad * (xs[0] != 0))
     torch.testing.assert_close(B.grad.to_dense(), db.grad * (xs[1] != 0))
+
+
+def test_wide_columns_of_a_not_hypersparse_product_are_compacted(monkeypatch):
+    # 200 x 10^7 result from 40,000 entries: not hypersparse overall (16 x stored < the arrays),
+    # but 10^7 columns > 40,000 entries: the columns alone are compacted, the workspace stays small
+    n = 10**7
+    g = torch.Generator().manual_seed(7)
+    cols = torch.randint(0, n, (20_000,), generator=g)
+    TA = torch.sparse_coo_tensor(torch.stack([torch.randint(0, 200, (20_000,), generator=g), cols % 5000]),
+                                 torch.rand(20_000, dtype=torch.float64, generator=g), (200, 5000)).coalesce()
+    TB = torch.sparse_coo_tensor(torch.stack([torch.randint(0, 5000, (20_000,), generator=g), cols]),
+                                 torch.rand(20_000, dtype=torch.float64, generator=g), (5000, n)).coalesce()
+    A, B = scorch.as_sparse(TA, "csr"), scorch.as_sparse(TB, "csr")
+    widths = []
+    real = driver._assemble
+    monkeypatch.setattr(driver, "_assemble", lambda call, nthreads, shape, width, cdtype:
+                        widths.append(width) or real(call, nthreads, shape, width, cdtype))
+    C = A @ B
+    assert C.format == scorch.formats.preset("csr", 2) and widths and max(widths) <= 20_000
+    _same(C, torch.sparse.mm(TA, TB).coalesce())
 
 
 def test_empty_hypersparse_operands():

@@ -6,7 +6,7 @@ workspace one per output column.  For a hypersparse product -- 2,000 entries in 
 10^8 x 10^8 matrix -- that is gigabytes and seconds for a few thousand results.  When
 those arrays would pass both :data:`MIN_ELEMENTS` and :data:`PER_ENTRY` times the
 operands' stored entries, every index that only sparse operands carry and whose size
-passes :data:`PER_ENTRY` times their entries is relabelled, in every operand alike, to
+passes their stored entries (:data:`PER_INDEX`) is relabelled, in every operand alike, to
 its rank among the coordinates the operands hold along it (a monotone map: fibres stay
 sorted), the kernels run on the compacted operands, and the result's coordinates are
 mapped back.  Exact: the map is one-to-one on every coordinate an operand holds, and a
@@ -29,6 +29,7 @@ from ..tensor import SparseTensor
 
 MIN_ELEMENTS = 1 << 20  # row arrays + workspaces (elements) below which assembly never compacts
 PER_ENTRY = 16          # ... nor while they stay within this many per stored operand entry
+PER_INDEX = 1           # an index is compacted when its size passes this many per stored entry
 
 
 def wide_indices(ein, ops, nthreads: int) -> tuple:
@@ -43,7 +44,7 @@ def wide_indices(ein, ops, nthreads: int) -> tuple:
     if elements <= MIN_ELEMENTS or elements <= PER_ENTRY * stored:
         return ()
     return tuple(c for c in dict.fromkeys("".join(ein.inputs))
-                 if size[c] > PER_ENTRY * max(stored, 1)
+                 if size[c] > PER_INDEX * max(stored, 1)
                  and all(type(ops[k]) is SparseTensor for k in _carriers(ein, c)))
 
 
