@@ -167,3 +167,22 @@ def test_cached_assembled_calls(eq, shapes, fmts, fmt, index):
         torch.testing.assert_close((got.to_dense() if fmt != "dense" else got).double(), want, atol=1e-5, rtol=1e-5)
     bound = driver._BOUND[driver._signature(eq, fmt, tuple(ops), ())]
     assert isinstance(bound, driver._Bound if fmt == "dense" else driver._Assembled), bound  # dense: no assembly
+
+
+@pytest.mark.parametrize("fa,fb", [("csr", "dcsr"), ("dcsr", "dcsr"), ("coo", "coo"), ("csr", "coo")])
+def test_a_compressed_outer_level_under_another_loop_is_located(fa, fb):
+    # B's outer level (rows j) sits under the loop over A's rows: merging it with each row of A
+    # walked all of B's stored rows per row of A (30x CSR's time on PubMed); it is made dense
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 50, generator=g, dtype=torch.float64) * (torch.rand(40, 50, generator=g) < 0.1)
+    y = torch.randn(50, 30, generator=g, dtype=torch.float64) * (torch.rand(50, 30, generator=g) < 0.1)
+    y[7:20] = 0  # empty rows: B's DCSR / COO stores fewer rows than it has
+    A, B = scorch.as_sparse(x, fa), scorch.as_sparse(y, fb)
+    plan = scorch.explain("ij,jk->ik", A, B)
+    assert any("outer level made dense" in n and "operand 1" in n for n in plan.notes)
+    assert plan.schedule.operands[1].fmt.levels[0].kind == "dense"
+    torch.testing.assert_close((A @ B).to_dense(), x @ y)
+    # the outermost loop walks its operand's outer level once: a DCSR left operand stays DCSR
+    plan = scorch.explain("ij,jk->ik", scorch.as_sparse(x, "dcsr"), scorch.as_sparse(y, "csr"))
+    assert not any("outer level made dense" in n for n in plan.notes)
+    assert plan.schedule.operands[0].fmt == scorch.formats.preset("dcsr", 2)
