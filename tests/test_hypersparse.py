@@ -161,3 +161,17 @@ def test_empty_hypersparse_operands():
         E = scorch.as_sparse(torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0), (n, n)), "dcsr")
     C = E @ E
     assert C.shape == (n, n) and C.nnz == 0
+
+
+def test_hypersparse_outer_level_stays_compressed_under_another_loop():
+    # "ij,jk->" (a scalar): B's outer level j is under A's row loop; for a DCSR B of 10^7 rows
+    # holding 3,000 entries a position per row would be 80 MB for nothing: it stays compressed
+    n = 10**7
+    TA = _coo(n, 3000, 8)
+    TB = torch.sparse_coo_tensor(TA.indices().flip(0), TA.values(), (n, n)).coalesce()
+    A, B = scorch.as_sparse(TA, "dcsr"), scorch.as_sparse(TB, "dcsr")
+    plan = scorch.explain("ij,jk->", A, B)
+    assert not any("outer level made dense" in note for note in plan.notes)
+    assert plan.schedule.operands[1].fmt == scorch.formats.preset("dcsr", 2)
+    want = torch.sparse.mm(TA, TB).coalesce().values().sum()
+    torch.testing.assert_close(scorch.einsum("ij,jk->", A, B), want)

@@ -148,10 +148,12 @@ def _plan(equation: str, ops, format, expr=None, n_init: int = 0) -> tuple:
                   if isinstance(x, SparseTensor) else Operand(t, None, unit_stride=(x.dim() == 0 or x.stride(-1) == 1))
                   for t, x in zip(terms, ops))
     out_mode = "dense" if format == "dense" else "auto"
-    key = (ein.inputs, ein.output, str(expr), specs, out_mode)
+    wide = tuple(k for k, x in enumerate(ops) if isinstance(x, SparseTensor) and not x.format.block
+                 and x.shape[x.format.order[0]] > compact.PER_ENTRY * x._stored + compact.MIN_ELEMENTS)
+    key = (ein.inputs, ein.output, str(expr), specs, out_mode, wide)
     sched = _SCHEDULES.get(key)
     if sched is None:
-        sched = _SCHEDULES[key] = make_schedule(ein, specs, out_mode, expr)
+        sched = _SCHEDULES[key] = make_schedule(ein, specs, out_mode, expr, wide)
     static = {}  # the innermost loop's length, when only dense operands index it: unrolled, vectorised
     inner = sched.loop_order[-1] if sched.loop_order else None
     if inner in size and size[inner] <= _MAX_STATIC_ROW and \

@@ -150,8 +150,10 @@ def _unique_compressed(op: Operand) -> Operand:
     return Operand(op.indices, Format(levels, op.fmt.order), op.index_ctype)
 
 
-def make_schedule(einsum: Einsum, operands, out_format: str, expr=None) -> Schedule:
-    """``out_format``: "dense" forces a dense result; "auto" infers it (see :func:`_output`)."""
+def make_schedule(einsum: Einsum, operands, out_format: str, expr=None, wide_roots=()) -> Schedule:
+    """``out_format``: "dense" forces a dense result; "auto" infers it (see :func:`_output`).
+    ``wide_roots``: operands whose outer level is compressed over far more coordinates than
+    they store (hypersparse): kept compressed (see :func:`_located_roots`)."""
     expr = product(einsum) if expr is None else expr
     ops = list(operands)
     notes = []
@@ -213,21 +215,22 @@ def make_schedule(einsum: Einsum, operands, out_format: str, expr=None) -> Sched
             ops[k] = Operand(ops[k].indices, Format(ops[k].fmt.levels, want), ops[k].index_ctype)
         order = _order_vars(ops, einsum.output, all_vars, rows)
     if not union:
-        ops = _located_roots(ops, order, notes)
+        ops = _located_roots(ops, order, notes, wide_roots)
     return Schedule(einsum, expr, tuple(ops), order, tuple(splits.values()), output,
                     _parallel(einsum, expr, ops, order, output), tuple(notes),
                     _row_workspace(einsum, ops, order, output))
 
 
-def _located_roots(ops, order, notes) -> list:
+def _located_roots(ops, order, notes, wide_roots=()) -> list:
     """An operand whose outer level is compressed over a variable that is not the outermost
     loop, and that another sparse operand walks there too, would merge its whole outer level
     once per iteration of the loops around (SpGEMM with a DCSR or COO right operand: every
     stored row of B against each row of A, 30x slower than CSR on PubMed).  Its outer level
-    becomes dense (DCSR -> CSR, one position per coordinate): located, not merged."""
+    becomes dense (DCSR -> CSR, one position per coordinate): located, not merged -- unless it
+    is one of ``wide_roots`` (a position per coordinate would dwarf what it stores)."""
     out = list(ops)
     for k, op in enumerate(ops):
-        if not op.sparse or op.fmt.block or op.fmt.levels[0] != compressed:
+        if not op.sparse or op.fmt.block or op.fmt.levels[0] != compressed or k in wide_roots:
             continue
         v = op.level_vars()[0]
         walked = any(j != k and o.sparse and v in o.level_vars()
