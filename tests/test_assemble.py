@@ -179,10 +179,24 @@ def test_a_compressed_outer_level_under_another_loop_is_located(fa, fb):
     y[7:20] = 0  # empty rows: B's DCSR / COO stores fewer rows than it has
     A, B = scorch.as_sparse(x, fa), scorch.as_sparse(y, fb)
     plan = scorch.explain("ij,jk->ik", A, B)
-    assert any("outer level made dense" in n and "operand 1" in n for n in plan.notes)
+    assert any("levels made dense" in n and "operand 1" in n for n in plan.notes)
     assert plan.schedule.operands[1].fmt.levels[0].kind == "dense"
     torch.testing.assert_close((A @ B).to_dense(), x @ y)
     # the outermost loop walks its operand's outer level once: a DCSR left operand stays DCSR
     plan = scorch.explain("ij,jk->ik", scorch.as_sparse(x, "dcsr"), scorch.as_sparse(y, "csr"))
-    assert not any("outer level made dense" in n for n in plan.notes)
+    assert not any("levels made dense" in n for n in plan.notes)
     assert plan.schedule.operands[0].fmt == scorch.formats.preset("dcsr", 2)
+
+
+@pytest.mark.parametrize("fb", ["csf", "coo"])
+def test_an_inner_compressed_level_under_another_loop_is_located(fb):
+    # bij,bjk->bik with a CSF / COO B: B's rows j (under its batch level b) are merged again for
+    # every row i of A; they become a dense level under b (compressed, dense, compressed)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 20, 30, generator=g, dtype=torch.float64) * (torch.rand(3, 20, 30, generator=g) < 0.15)
+    y = torch.randn(3, 30, 25, generator=g, dtype=torch.float64) * (torch.rand(3, 30, 25, generator=g) < 0.15)
+    y[1] = 0  # an empty batch: CSF stores fewer batches than it has
+    A, B = scorch.as_sparse(x, "csr"), scorch.as_sparse(y, fb)
+    plan = scorch.explain("bij,bjk->bik", A, B)
+    assert [lv.kind for lv in plan.schedule.operands[1].fmt.levels] == ["compressed", "dense", "compressed"]
+    torch.testing.assert_close((A @ B).to_dense(), x @ y)

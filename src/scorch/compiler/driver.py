@@ -148,12 +148,11 @@ def _plan(equation: str, ops, format, expr=None, n_init: int = 0) -> tuple:
                   if isinstance(x, SparseTensor) else Operand(t, None, unit_stride=(x.dim() == 0 or x.stride(-1) == 1))
                   for t, x in zip(terms, ops))
     out_mode = "dense" if format == "dense" else "auto"
-    wide = tuple(k for k, x in enumerate(ops) if isinstance(x, SparseTensor) and not x.format.block
-                 and x.shape[x.format.order[0]] > compact.PER_ENTRY * x._stored + compact.MIN_ELEMENTS)
-    key = (ein.inputs, ein.output, str(expr), specs, out_mode, wide)
+    dense_ok = _affordable_dense_levels(ops)
+    key = (ein.inputs, ein.output, str(expr), specs, out_mode, dense_ok)
     sched = _SCHEDULES.get(key)
     if sched is None:
-        sched = _SCHEDULES[key] = make_schedule(ein, specs, out_mode, expr, wide)
+        sched = _SCHEDULES[key] = make_schedule(ein, specs, out_mode, expr, dense_ok)
     static = {}  # the innermost loop's length, when only dense operands index it: unrolled, vectorised
     inner = sched.loop_order[-1] if sched.loop_order else None
     if inner in size and size[inner] <= _MAX_STATIC_ROW and \
@@ -168,6 +167,25 @@ def _plan(equation: str, ops, format, expr=None, n_init: int = 0) -> tuple:
 
 
 _SCHEDULES: dict = {}
+
+
+def _affordable_dense_levels(ops) -> tuple:
+    """``(operand, level)`` for every level but the innermost of an unblocked sparse operand
+    that could be made dense (schedule._located_levels) at a cost near what the operand stores:
+    at most one position per coordinate under min(positions above, stored) parents, within
+    ``compact.PER_ENTRY`` per stored entry past ``compact.MIN_ELEMENTS`` (a 10^8-row DCSR
+    holding 3,000 entries keeps its rows compressed)."""
+    out = []
+    for k, x in enumerate(ops):
+        if type(x) is not SparseTensor or x.format.block:
+            continue
+        budget = compact.PER_ENTRY * x._stored + compact.MIN_ELEMENTS
+        above = 1
+        for lv, d in enumerate(x.format.order[:-1]):
+            if min(above, max(x._stored, 1)) * x._shape[d] <= budget:
+                out.append((k, lv))
+            above *= x._shape[d]
+    return tuple(out)
 _MAX_STATIC_ROW = 1024  # longest innermost dense loop specialised on its length
 
 

@@ -150,10 +150,10 @@ def _unique_compressed(op: Operand) -> Operand:
     return Operand(op.indices, Format(levels, op.fmt.order), op.index_ctype)
 
 
-def make_schedule(einsum: Einsum, operands, out_format: str, expr=None, wide_roots=()) -> Schedule:
+def make_schedule(einsum: Einsum, operands, out_format: str, expr=None, dense_ok=None) -> Schedule:
     """``out_format``: "dense" forces a dense result; "auto" infers it (see :func:`_output`).
-    ``wide_roots``: operands whose outer level is compressed over far more coordinates than
-    they store (hypersparse): kept compressed (see :func:`_located_roots`)."""
+    ``dense_ok``: the ``(operand, level)`` pairs that may be made dense (see
+    :func:`_located_levels`; None: any)."""
     expr = product(einsum) if expr is None else expr
     ops = list(operands)
     notes = []
@@ -215,30 +215,37 @@ def make_schedule(einsum: Einsum, operands, out_format: str, expr=None, wide_roo
             ops[k] = Operand(ops[k].indices, Format(ops[k].fmt.levels, want), ops[k].index_ctype)
         order = _order_vars(ops, einsum.output, all_vars, rows)
     if not union:
-        ops = _located_roots(ops, order, notes, wide_roots)
+        ops = _located_levels(ops, order, notes, dense_ok)
     return Schedule(einsum, expr, tuple(ops), order, tuple(splits.values()), output,
                     _parallel(einsum, expr, ops, order, output), tuple(notes),
                     _row_workspace(einsum, ops, order, output))
 
 
-def _located_roots(ops, order, notes, wide_roots=()) -> list:
-    """An operand whose outer level is compressed over a variable that is not the outermost
-    loop, and that another sparse operand walks there too, would merge its whole outer level
-    once per iteration of the loops around (SpGEMM with a DCSR or COO right operand: every
-    stored row of B against each row of A, 30x slower than CSR on PubMed).  Its outer level
-    becomes dense (DCSR -> CSR, one position per coordinate): located, not merged -- unless it
-    is one of ``wide_roots`` (a position per coordinate would dwarf what it stores)."""
+def _located_levels(ops, order, notes, dense_ok=None) -> list:
+    """A compressed level co-iterated with another sparse operand's, under a loop its operand
+    does not bind, is merged whole once per iteration of that loop (SpGEMM with a DCSR or COO
+    right operand: every stored row of B against each row of A, 30x slower than CSR on
+    PubMed; batched products of CSF operands 10x).  Such a level becomes dense (DCSR -> CSR):
+    located, not merged -- where ``dense_ok`` (``(operand, level)`` pairs; None: all) allows,
+    i.e. where a position per coordinate stays near what the operand stores."""
     out = list(ops)
     for k, op in enumerate(ops):
-        if not op.sparse or op.fmt.block or op.fmt.levels[0] != compressed or k in wide_roots:
+        if not op.sparse or op.fmt.block:
             continue
-        v = op.level_vars()[0]
-        walked = any(j != k and o.sparse and v in o.level_vars()
-                     and o.fmt.levels[o.level_vars().index(v)].kind != "dense" for j, o in enumerate(ops))
-        if walked and order.index(v) > 0:
-            out[k] = Operand(op.indices, Format((dense,) + op.fmt.levels[1:], op.fmt.order), op.index_ctype)
-            notes.append(f"operand {k}'s outer level made dense ({op.fmt} -> {out[k].fmt}): located, "
-                         f"not merged, inside the loop over {order[0]!r}")
+        lvars, levels = op.level_vars(), list(op.fmt.levels)
+        for lv in range(len(levels) - 1):  # never the innermost: that would be a dense tensor
+            v = lvars[lv]
+            if levels[lv] != compressed or (dense_ok is not None and (k, lv) not in dense_ok):
+                continue
+            walked = any(j != k and o.sparse and v in o.level_vars()
+                         and o.fmt.levels[o.level_vars().index(v)].kind != "dense" for j, o in enumerate(ops))
+            start = order.index(lvars[lv - 1]) + 1 if lv else 0
+            if walked and any(u not in lvars for u in order[start:order.index(v)]):
+                levels[lv] = dense
+        if levels != list(op.fmt.levels):
+            out[k] = Operand(op.indices, Format(tuple(levels), op.fmt.order), op.index_ctype)
+            notes.append(f"operand {k}: levels made dense ({op.fmt} -> {out[k].fmt}) to be located, "
+                         "not merged, under loops it does not bind")
     return out
 
 
