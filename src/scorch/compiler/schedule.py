@@ -214,11 +214,50 @@ def make_schedule(einsum: Einsum, operands, out_format: str, expr=None, dense_ok
             notes.append(f"operand {k} re-formatted to mode order {want} to make the loop order concordant")
             ops[k] = Operand(ops[k].indices, Format(ops[k].fmt.levels, want), ops[k].index_ctype)
         order = _order_vars(ops, einsum.output, all_vars, rows)
+    if output[0] == "assemble" and not splits:
+        order = _gustavson(ops, einsum.output, all_vars, rows, order, notes)
     if not union:
         ops = _located_levels(ops, order, notes, dense_ok)
     return Schedule(einsum, expr, tuple(ops), order, tuple(splits.values()), output,
                     _parallel(einsum, expr, ops, order, output), tuple(notes),
                     _row_workspace(einsum, ops, order, output))
+
+
+def _co_iterated_below(ops, output, order) -> list:
+    """Reductions that two or more sparse operands walk, placed below the result's last index:
+    an inner-product order (``ij,kj->ik`` over two CSR operands: i -> k -> j merges row i of A
+    with row k of B for every (i, k), 7.3M merges on Cora, 0.2 s)."""
+    last = order.index(output[-1]) if output and output[-1] in order else len(order)
+    return [r for r in order[last + 1:] if r not in output
+            and sum(op.sparse and r in op.level_vars() and op.fmt.levels[op.level_vars().index(r)].kind != "dense"
+                    for op in ops) >= 2]
+
+
+def _gustavson(ops, output, all_vars, rows, order, notes) -> tuple:
+    """The loop order with the co-iterated reductions above the result's last index (Gustavson's
+    row-by-row order: i -> j -> k), re-formatting (in place in ``ops``) the operands whose mode
+    order puts that index first; ``order`` unchanged when there is nothing to move or no such order."""
+    below = _co_iterated_below(ops, output, order)
+    if not below:
+        return order
+    last = output[-1]
+    moved = list(ops)
+    for k, op in enumerate(ops):
+        if op.sparse and not op.fmt.block and last in op.indices:
+            dims = [op.indices[d] for d in op.fmt.order]
+            want = sorted(dims, key=lambda c: (dims.index(c) if c != last else len(dims) + 1))
+            if any(r in dims for r in below) and want != dims:
+                moved[k] = Operand(op.indices, Format(op.fmt.levels, tuple(op.indices.index(c) for c in want)),
+                                   op.index_ctype)
+    new = _order_vars(moved, output, all_vars, rows)
+    if new is None or _co_iterated_below(moved, output, new):
+        return order
+    for k, (a, b) in enumerate(zip(ops, moved)):
+        if a is not b:
+            notes.append(f"operand {k} re-formatted to mode order {b.fmt.order}: rows merged Gustavson's way "
+                         f"({' -> '.join(new)}), not an inner product per output entry")
+            ops[k] = b
+    return new
 
 
 def _located_levels(ops, order, notes, dense_ok=None) -> list:
