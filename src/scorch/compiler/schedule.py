@@ -317,10 +317,10 @@ def _output(einsum, expr, ops, out_format):
         return ("dense",), ()
     if not all(any(c in ops[k].indices for k in sparse) for c in out):
         return ("dense",), ()
-    if any(ops[k].fmt.block for k in sparse):
-        return ("dense",), ()  # blocked operands split their indices: no row-wise assembly yet
     if len(sparse) == 1:  # sparse x dense: sparse only where nothing is contracted away (SDDMM, A * X)
         return (("pattern", sparse[0]) if ops[sparse[0]].indices == out else ("dense",)), ()
+    if any(ops[k].fmt.block for k in sparse):
+        return ("dense",), ()  # blocked operands split their indices: no row-wise assembly yet
     return ("assemble",), tuple(out[:-1])
 
 
