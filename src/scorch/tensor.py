@@ -26,6 +26,7 @@ __all__ = ["SparseTensor"]
 
 _VERSION = 1  # of the pickled form
 _COO2, _CSR2 = preset("coo", 2), preset("csr", 2)
+_CSX2 = (_CSR2, preset("csc", 2))
 
 
 class SparseTensor(torch.Tensor):
@@ -246,6 +247,9 @@ class SparseTensor(torch.Tensor):
             return take_positions(self.detach()._positions().asformat(fmt, index_dtype=index_dtype), self.values())
         if convert.is_all_dense(self._format):  # its zeros are not entries: store only nonzeros
             return SparseTensor(fmt, self.shape, *_from_dense_with_width(fmt, self.to_dense(), index_dtype))
+        if (want == self.index_dtype and self._format in _CSX2 and fmt in _CSX2
+                and (out := self._recompressed(fmt)) is not None):  # CSR <-> CSC: a counting sort
+            return out
         if self.dim() == 2 and self._format == _COO2 and fmt == _CSR2:  # the common one, directly
             def make(width):
                 return convert.coo_to_csr(self._shape, self._pos, self._crd, self._values, width)
@@ -261,6 +265,17 @@ class SparseTensor(torch.Tensor):
                 raise
             (pos, crd), values = make(None)
         return SparseTensor(fmt, self.shape, pos, crd, values)
+
+    def _recompressed(self, fmt) -> "SparseTensor | None":
+        """This CSR matrix as CSC or the reverse (``fmt``, the other one), by the generated
+        counting sort (compiler.recompress); None where that does not run."""
+        from .compiler.recompress import recompressed
+        major, minor = (self._shape[d] for d in self._format.order)
+        got = recompressed(self._pos[1], self._crd[1], self._values, major, minor)
+        if got is None:
+            return None
+        pos, crd, values = got
+        return SparseTensor(fmt, self._shape, (None, pos), (None, crd), values, nnz=self._stored)
 
     def to_torch(self) -> torch.Tensor:
         """The matching ``torch.sparse`` tensor: CSR, CSC, BSR or BSC where the format

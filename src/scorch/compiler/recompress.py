@@ -1,0 +1,89 @@
+"""CSR <-> CSC: a compressed matrix's storage sorted by its other dimension, by counting.
+
+``recompressed(pos, crd, values, n_major, n_minor)`` gives the positions, coordinates and
+values of the same matrix compressed along the other dimension (CSR's pos / col / values ->
+CSC's colptr / row / values), the way scipy transposes: count the
+entries of each minor coordinate, a prefix sum, one pass placing each entry (entries of one
+minor coordinate stay in major order: sorted).  O(nnz + n) where the general conversion
+sorts packed keys (O(nnz log nnz)): Cora 0.36 ms, 1M entries 22 ms before.  The loop nest is
+built in the compiler's IR and compiled and cached like the einsum kernels.
+
+Inputs come from a SparseTensor (validated storage: every coordinate below ``n_minor``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import build, codegen
+from .ir import Assign, Block, Const, Decl, For, Kernel, Param, Var
+
+_FNS: dict = {}
+_ITYPES = {torch.int32: "int32_t", torch.int64: "int64_t"}
+_WORDS = {4: "uint32_t", 8: "uint64_t"}
+
+
+def _kernel(itype: str, wtype: str | None) -> Kernel:
+    """``wtype``: the values moved as words of that type inside the loop (any 4- or 8-byte
+    dtype, bit for bit); None: the entry order written instead (``perm``)."""
+    n_major, n_minor, pos, crd = Var("n_major"), Var("n_minor"), Var("pos"), Var("crd")
+    opos, cur, ocrd, out = Var("opos"), Var("cur"), Var("ocrd"), Var("out")
+    i, q, c, d = Var("i"), Var("q"), Var("c"), Var("d")
+    place = Assign(out[d], Var("vals")[q]) if wtype else Assign(out[d], q)
+    body = Block((
+        Decl("const int64_t", "nnz", pos[n_major]),
+        For("q", Const(0), Var("nnz"), Block((Assign(opos[crd[q] + 1], opos[crd[q] + 1] + 1),))),
+        For("c", Const(0), n_minor, Block((Assign(opos[c + 1], opos[c + 1] + opos[c]),
+                                           Assign(cur[c], opos[c])))),
+        For("i", Const(0), n_major, Block((
+            For("q", pos[i], pos[i + 1], Block((
+                Decl("const int64_t", "k", crd[q]),
+                Decl("const int64_t", "d", cur[Var("k")]),
+                Assign(cur[Var("k")], d + 1),
+                Assign(ocrd[d], i),
+                place,
+            ))),
+        ))),
+    ))
+    params = (Param("n_major", "int64_t", ("size", "major")), Param("n_minor", "int64_t", ("size", "minor")),
+              Param("pos", f"const {itype} *", ("pos",)), Param("crd", f"const {itype} *", ("crd",)))
+    params += (Param("vals", f"const {wtype} *", ("vals",)),) if wtype else ()
+    params += (Param("opos", f"{itype} *", ("out_pos",)), Param("cur", "int64_t *", ("scratch",)),
+               Param("ocrd", f"{itype} *", ("out_crd",)), Param("out", f"{wtype or 'int64_t'} *", ("out",)))
+    return Kernel(f"recompress_{itype}_{wtype or 'perm'}", params, body, vector_bytes=build.vector_bytes())
+
+
+def _function(itype: str, wtype: str | None):
+    fn = _FNS.get((itype, wtype))
+    if fn is None:
+        k = _kernel(itype, wtype)
+        fn = getattr(build.compile_library(codegen.render(k), tag="recompress"), k.name)
+        build.set_signature(fn, k.params)
+        _FNS[itype, wtype] = fn
+    return fn
+
+
+def source(itype: str = "int32_t", wtype: str | None = "uint32_t") -> str:
+    """The generated C (for inspection and tests)."""
+    return codegen.render(_kernel(itype, wtype))
+
+
+def recompressed(pos: torch.Tensor, crd: torch.Tensor, values: torch.Tensor, n_major: int, n_minor: int):
+    """``(pos, crd, values)`` of the matrix whose major-compressed storage is ``pos`` / ``crd``
+    / ``values`` (``n_major + 1`` positions, minor coordinates below ``n_minor``, contiguous,
+    one integer type for both index arrays), compressed along the minor dimension instead.
+    Values of 4 or 8 bytes move inside the kernel, others by the entry order it writes.
+    None without a C compiler or for another index type (the caller converts generally)."""
+    itype = _ITYPES.get(crd.dtype)
+    if itype is None or pos.dtype != crd.dtype or not build.have_compiler():
+        return None
+    nnz = crd.numel()
+    wtype = _WORDS.get(values.element_size()) if values.is_contiguous() and values.numel() == nnz else None
+    out_pos = torch.zeros(n_minor + 1, dtype=crd.dtype)
+    out_crd = torch.empty(nnz, dtype=crd.dtype)
+    out = torch.empty(nnz, dtype=values.dtype if wtype else torch.int64)
+    cursor = torch.empty(max(n_minor, 1), dtype=torch.int64)
+    args = (values.data_ptr(),) if wtype else ()
+    _function(itype, wtype)(n_major, n_minor, pos.data_ptr(), crd.data_ptr(), *args, out_pos.data_ptr(),
+                            cursor.data_ptr(), out_crd.data_ptr(), out.data_ptr())
+    return out_pos, out_crd, (out if wtype else torch.index_select(values, 0, out))
