@@ -849,6 +849,16 @@ def test_csr_csc_recompression_every_dtype(dtype, index_dtype, shape):
     assert torch.equal(C.values(), ref.values())
     B = C.asformat("csr")
     assert torch.equal(B.pos(1), A.pos(1)) and torch.equal(B.crd(1), A.crd(1)) and torch.equal(B.values(), A.values())
+    # COO <-> CSR / CSC take the same road (no sort): the storage the general builder gives
+    O = scorch.as_sparse(x, "coo", index_dtype=index_dtype)
+    for got in (A.asformat("coo"), C.asformat("coo")):
+        assert got.format == O.format and got.index_dtype == index_dtype
+        assert torch.equal(got.crd(0), O.crd(0)) and torch.equal(got.crd(1), O.crd(1))
+        assert torch.equal(got.values(), O.values()) and torch.equal(got.pos(0), O.pos(0))
+    C2 = O.asformat("csc")
+    assert torch.equal(C2.pos(1), C.pos(1)) and torch.equal(C2.crd(1), C.crd(1)) and torch.equal(C2.values(), C.values())
+    wide = A.asformat("csc", index_dtype=torch.int64)  # another index width: the general path
+    assert wide.index_dtype == torch.int64 and torch.equal(wide.to_dense(), x)
 
 
 def test_recompression_source_is_generated():

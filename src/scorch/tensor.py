@@ -247,9 +247,9 @@ class SparseTensor(torch.Tensor):
             return take_positions(self.detach()._positions().asformat(fmt, index_dtype=index_dtype), self.values())
         if convert.is_all_dense(self._format):  # its zeros are not entries: store only nonzeros
             return SparseTensor(fmt, self.shape, *_from_dense_with_width(fmt, self.to_dense(), index_dtype))
-        if (want == self.index_dtype and self._format in _CSX2 and fmt in _CSX2
-                and (out := self._recompressed(fmt)) is not None):  # CSR <-> CSC: a counting sort
-            return out
+        if self._format in _CSX2 and fmt in _CSX2 + (_COO2,) or self._format == _COO2 and fmt == _CSX2[1]:
+            if (out := self._via_csr(fmt, want)) is not None:  # 2-d CSR / CSC / COO: no sort
+                return out
         if self.dim() == 2 and self._format == _COO2 and fmt == _CSR2:  # the common one, directly
             def make(width):
                 return convert.coo_to_csr(self._shape, self._pos, self._crd, self._values, width)
@@ -265,6 +265,22 @@ class SparseTensor(torch.Tensor):
                 raise
             (pos, crd), values = make(None)
         return SparseTensor(fmt, self.shape, pos, crd, values)
+
+    def _via_csr(self, fmt, want) -> "SparseTensor | None":
+        """This 2-d CSR, CSC or COO matrix as another of them (``fmt``) without sorting: COO <->
+        CSR directly, CSR <-> CSC by the counting sort; None where that does not run (no C
+        compiler, an index width the counting sort would not keep)."""
+        x = self
+        if x._format == _COO2:
+            (pos, crd), vals = convert.coo_to_csr(x._shape, x._pos, x._crd, x._values, want)
+            x = SparseTensor(_CSR2, x._shape, pos, crd, vals, nnz=x._stored)
+        target = _CSR2 if fmt == _COO2 else fmt
+        if x._format != target and (x.index_dtype != want or (x := x._recompressed(target)) is None):
+            return None
+        if fmt == _COO2:
+            (pos, crd), vals = convert.csr_to_coo(x._shape, x._pos, x._crd, x._values, want)
+            x = SparseTensor(_COO2, x._shape, pos, crd, vals, nnz=x._stored)
+        return x
 
     def _recompressed(self, fmt) -> "SparseTensor | None":
         """This CSR matrix as CSC or the reverse (``fmt``, the other one), by the generated
