@@ -865,3 +865,21 @@ def test_recompression_source_is_generated():
     from scorch.compiler import recompress
     src = recompress.source("int64_t", "uint64_t")
     assert "void recompress_int64_t_uint64_t" in src and "cur[k] = (d + 1)" in src
+
+
+def test_recompression_remembers_the_pattern_not_the_values():
+    # the entry order of a pattern's CSR <-> CSC is kept on its coordinate array: new values on
+    # the same pattern follow it, and the same coordinates under other row positions do not reuse it
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 6, generator=g, dtype=torch.float64) * (torch.rand(8, 6, generator=g) < 0.5)
+    A = scorch.as_sparse(x, "csr")
+    assert torch.equal(A.asformat("csc").to_dense(), x)
+    B = A._like(values=torch.randn(A.nnz, generator=g, dtype=torch.float64), nnz=A.nnz)
+    assert torch.equal(B.asformat("csc").to_dense(), B.to_dense())
+    H = A._like(values=A.values().half(), nnz=A.nnz)  # 2-byte values: through the entry order
+    assert torch.equal(H.asformat("csc").to_dense(), x.half())
+    crd = torch.tensor([0, 1, 2, 3], dtype=torch.int32)  # one coordinate array, two row splits
+    for pos in ([0, 2, 4, 4], [0, 4, 4, 4], [0, 1, 1, 4]):
+        C = scorch.SparseTensor.from_levels("csr", (3, 4), [None, torch.tensor(pos, dtype=torch.int32)],
+                                            [None, crd], torch.arange(1.0, 5.0))
+        assert torch.equal(C.asformat("csc").to_dense(), C.to_dense())

@@ -284,7 +284,7 @@ class SparseTensor(torch.Tensor):
 
     def _recompressed(self, fmt) -> "SparseTensor | None":
         """This CSR matrix as CSC or the reverse (``fmt``, the other one), by the generated
-        counting sort (compiler.recompress); None where that does not run."""
+        counting sort (compiler.recompress), its pattern remembered; None where that does not run."""
         from .compiler.recompress import recompressed
         major, minor = (self._shape[d] for d in self._format.order)
         got = recompressed(self._pos[1], self._crd[1], self._values, major, minor)

@@ -25,11 +25,10 @@ _WORDS = {4: "uint32_t", 8: "uint64_t"}
 
 def _kernel(itype: str, wtype: str | None) -> Kernel:
     """``wtype``: the values moved as words of that type inside the loop (any 4- or 8-byte
-    dtype, bit for bit); None: the entry order written instead (``perm``)."""
+    dtype, bit for bit); None: only the entry order (``perm``, always written) moves them."""
     n_major, n_minor, pos, crd = Var("n_major"), Var("n_minor"), Var("pos"), Var("crd")
-    opos, cur, ocrd, out = Var("opos"), Var("cur"), Var("ocrd"), Var("out")
+    opos, cur, ocrd, perm, out = Var("opos"), Var("cur"), Var("ocrd"), Var("perm"), Var("out")
     i, q, c, d = Var("i"), Var("q"), Var("c"), Var("d")
-    place = Assign(out[d], Var("vals")[q]) if wtype else Assign(out[d], q)
     body = Block((
         Decl("const int64_t", "nnz", pos[n_major]),
         For("q", Const(0), Var("nnz"), Block((Assign(opos[crd[q] + 1], opos[crd[q] + 1] + 1),))),
@@ -41,15 +40,16 @@ def _kernel(itype: str, wtype: str | None) -> Kernel:
                 Decl("const int64_t", "d", cur[Var("k")]),
                 Assign(cur[Var("k")], d + 1),
                 Assign(ocrd[d], i),
-                place,
-            ))),
+                Assign(perm[d], q),
+            ) + ((Assign(out[d], Var("vals")[q]),) if wtype else ()))),
         ))),
     ))
     params = (Param("n_major", "int64_t", ("size", "major")), Param("n_minor", "int64_t", ("size", "minor")),
-              Param("pos", f"const {itype} *", ("pos",)), Param("crd", f"const {itype} *", ("crd",)))
-    params += (Param("vals", f"const {wtype} *", ("vals",)),) if wtype else ()
-    params += (Param("opos", f"{itype} *", ("out_pos",)), Param("cur", "int64_t *", ("scratch",)),
-               Param("ocrd", f"{itype} *", ("out_crd",)), Param("out", f"{wtype or 'int64_t'} *", ("out",)))
+              Param("pos", f"const {itype} *", ("pos",)), Param("crd", f"const {itype} *", ("crd",)),
+              Param("opos", f"{itype} *", ("out_pos",)), Param("cur", "int64_t *", ("scratch",)),
+              Param("ocrd", f"{itype} *", ("out_crd",)), Param("perm", "int64_t *", ("perm",)))
+    if wtype:
+        params += (Param("vals", f"const {wtype} *", ("vals",)), Param("out", f"{wtype} *", ("out",)))
     return Kernel(f"recompress_{itype}_{wtype or 'perm'}", params, body, vector_bytes=build.vector_bytes())
 
 
@@ -72,8 +72,15 @@ def recompressed(pos: torch.Tensor, crd: torch.Tensor, values: torch.Tensor, n_m
     """``(pos, crd, values)`` of the matrix whose major-compressed storage is ``pos`` / ``crd``
     / ``values`` (``n_major + 1`` positions, minor coordinates below ``n_minor``, contiguous,
     one integer type for both index arrays), compressed along the minor dimension instead.
-    Values of 4 or 8 bytes move inside the kernel, others by the entry order it writes.
-    None without a C compiler or for another index type (the caller converts generally)."""
+    Values of 4 or 8 bytes move inside the kernel, others by the entry order it writes.  The
+    pattern's part is remembered on ``crd`` beside the ``pos`` it came from (a pattern's arrays
+    never change): a pattern recompressed again -- ``A^T X`` in every training step, the
+    re-formats a schedule asks for per call -- costs one gather of the values (1M: 8 -> 0.8-1.8
+    ms).  None without a C compiler or for another index type (the caller converts generally)."""
+    cached = getattr(crd, "_scorch_recompressed", None)
+    if cached is not None and cached[0] is pos and cached[1] == n_minor:
+        out_pos, out_crd, perm = cached[2]
+        return out_pos, out_crd, torch.index_select(values, 0, perm)
     itype = _ITYPES.get(crd.dtype)
     if itype is None or pos.dtype != crd.dtype or not build.have_compiler():
         return None
@@ -81,9 +88,11 @@ def recompressed(pos: torch.Tensor, crd: torch.Tensor, values: torch.Tensor, n_m
     wtype = _WORDS.get(values.element_size()) if values.is_contiguous() and values.numel() == nnz else None
     out_pos = torch.zeros(n_minor + 1, dtype=crd.dtype)
     out_crd = torch.empty(nnz, dtype=crd.dtype)
-    out = torch.empty(nnz, dtype=values.dtype if wtype else torch.int64)
+    perm = torch.empty(nnz, dtype=torch.int64)
     cursor = torch.empty(max(n_minor, 1), dtype=torch.int64)
-    args = (values.data_ptr(),) if wtype else ()
-    _function(itype, wtype)(n_major, n_minor, pos.data_ptr(), crd.data_ptr(), *args, out_pos.data_ptr(),
-                            cursor.data_ptr(), out_crd.data_ptr(), out.data_ptr())
-    return out_pos, out_crd, (out if wtype else torch.index_select(values, 0, out))
+    out = torch.empty(nnz, dtype=values.dtype) if wtype else None
+    args = (values.data_ptr(), out.data_ptr()) if wtype else ()
+    _function(itype, wtype)(n_major, n_minor, pos.data_ptr(), crd.data_ptr(), out_pos.data_ptr(), cursor.data_ptr(),
+                            out_crd.data_ptr(), perm.data_ptr(), *args)
+    crd._scorch_recompressed = (pos, n_minor, (out_pos, out_crd, perm))
+    return out_pos, out_crd, (out if wtype else torch.index_select(values, 0, perm))
