@@ -470,4 +470,5 @@ def test_storage_methods_refuse_or_act_on_the_buffers(x):
     with pytest.raises(TypeError, match="no storage of its own"):
         A.storage()
     assert A.share_memory_() is A and A.is_shared() and A.crd(1).is_shared()
+    assert A.is_pinned() == A.values().is_pinned()  # the fallback raised (no dense copy needed)
     assert torch.equal(A.clone().apply_(lambda v: 2 * v).to_dense(), 2 * x)

@@ -243,6 +243,11 @@ def _is_shared(self):
     return self._values.is_shared()
 
 
+@implements(torch.Tensor.is_pinned)
+def _is_pinned(self, *args, **kwargs):
+    return self._values.is_pinned(*args, **kwargs)
+
+
 @implements(torch.Tensor.untyped_storage, torch.Tensor.storage, torch.Tensor._typed_storage)
 def _no_storage(self, *args, **kwargs):
     raise ScorchTypeError("a SparseTensor has no storage of its own: its buffers are x.values() and the index "
