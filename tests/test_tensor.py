@@ -472,3 +472,14 @@ def test_storage_methods_refuse_or_act_on_the_buffers(x):
     assert A.share_memory_() is A and A.is_shared() and A.crd(1).is_shared()
     assert A.is_pinned() == A.values().is_pinned()  # the fallback raised (no dense copy needed)
     assert torch.equal(A.clone().apply_(lambda v: 2 * v).to_dense(), 2 * x)
+
+
+def test_torch_compile_over_a_sparse_tensor_says_what_to_do():
+    # dynamo asks a tensor input for its storage; a SparseTensor has none: the error says why and
+    # what to compile instead -- and that way works
+    A = scorch.as_sparse(torch.eye(4) * 2, "csr")
+    x = torch.randn(4, 3)
+    with pytest.raises(Exception, match="compile the dense parts only"):
+        torch.compile(lambda a, y: (a @ y).sum(), backend="eager")(A, x)
+    head = torch.compile(lambda h: h.relu().sum(), backend="eager")
+    torch.testing.assert_close(head(A @ x), (2 * x).relu().sum())

@@ -251,7 +251,9 @@ def _is_pinned(self, *args, **kwargs):
 @implements(torch.Tensor.untyped_storage, torch.Tensor.storage, torch.Tensor._typed_storage)
 def _no_storage(self, *args, **kwargs):
     raise ScorchTypeError("a SparseTensor has no storage of its own: its buffers are x.values() and the index "
-                          "arrays x.pos(level) / x.crd(level)")
+                          "arrays x.pos(level) / x.crd(level).  (Under torch.compile, which asks for it: scorch "
+                          "tensors cannot be traced yet -- their kernels are compiled already; compile the dense "
+                          "parts only, with no SparseTensor among their inputs or module attributes)")
 
 
 @implements(torch.Tensor.apply_)
