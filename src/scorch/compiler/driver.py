@@ -101,7 +101,9 @@ def _operands(operands):
     return out
 
 
-def _compute_dtype(ops):
+def _compute_dtype(ops, ein=None):
+    """``(result dtype, the type the kernels compute in)``: torch's promotion of the operands';
+    half types compute in float32; integer types in float64 where that is exact (:func:`_integer_bound`)."""
     dt = ops[0].dtype
     for x in ops[1:]:
         dt = torch.promote_types(dt, x.dtype)
@@ -109,7 +111,31 @@ def _compute_dtype(ops):
         return dt, torch.float32
     if dt in (torch.float32, torch.float64):
         return dt, dt
+    if ein is not None and dt != torch.bool and not dt.is_floating_point and not dt.is_complex:
+        if _integer_bound(ops, ein) <= 2 ** 53:
+            return dt, torch.float64
+        raise NotSupportedError(
+            f"einsum: integer values ({dt}) whose sums of products could pass 2^53 (max |value| of each "
+            f"operand, plus one, times the terms summed): not computed exactly here; convert to float64 (x.double())")
     raise NotSupportedError(f"einsum: values of dtype {dt} are not supported; use float32/float64 (x.float())")
+
+
+_NARROW_INTS = (torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _integer_bound(ops, ein) -> int:
+    """A bound on every partial sum an integer einsum forms: the product over operands of (max
+    |value| + 1) -- enough for ``*`` and for ``+ - max min`` of them -- times the number of terms
+    summed into one result element.  Below 2^53 float64 computes it exactly, so casting back
+    gives what torch's integer arithmetic gives (the exact sum, wrapped around to a narrower type
+    by the cast: the same modulo 2^bits as wrapping at every step)."""
+    bound = 1
+    for x in ops:
+        v = x._values if type(x) is SparseTensor else x
+        bound *= (max(int(v.max()), -int(v.min())) if v.numel() else 0) + 1  # no abs(): |INT64_MIN| wraps
+    for c in ein.reduced:
+        bound *= max(ein.size[c], 1)
+    return bound
 
 
 def _take_diagonals(terms, ops, equation):
@@ -140,7 +166,7 @@ def _plan(equation: str, ops, format, expr=None, n_init: int = 0) -> tuple:
         if isinstance(x, SparseTensor) and any(n == 1 and size[c] != 1 for c, n in zip(t, x.shape)):
             raise NotSupportedError(f"einsum {equation!r}: sparse operand {k} would need broadcasting "
                                     f"(shape {tuple(x.shape)}); expand it densely first")
-    out_dtype, cdtype = _compute_dtype(ops)
+    out_dtype, cdtype = _compute_dtype(ops, ein)
     vtype = "float" if cdtype == torch.float32 else "double"
     ops = [x if isinstance(x, SparseTensor) else x.to(cdtype).expand(tuple(size[c] for c in t))
            for t, x in zip(terms, ops)]  # dense operands: broadcast size-1 dims (stride 0, no copy)
@@ -546,6 +572,8 @@ def _finish(result, out_dtype, format):
     """A kernel's result in the einsum's dtype and the format asked for."""
     sparse = type(result) is SparseTensor  # its .dtype would take a __torch_function__ round trip (2.5 us)
     if (result._values.dtype if sparse else result.dtype) != out_dtype:
+        if out_dtype in _NARROW_INTS:  # exact int64 first, then wrap around as torch's arithmetic does
+            result = result.to(torch.int64)
         result = result.to(out_dtype)
     if format is None:
         return result

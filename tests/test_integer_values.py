@@ -1,0 +1,51 @@
+"""Integer values through the compiler: computed in float64 where every partial sum is below
+2^53 (exact), cast back -- wrapping around for narrow types as torch's integer arithmetic does.
+Oracle: the same ops on dense integer tensors with plain torch (torch.equal, not allclose)."""
+
+import pytest
+import torch
+
+import scorch
+from scorch.compiler import build
+
+pytestmark = pytest.mark.skipif(not build.have_compiler(), reason="no C compiler")
+
+INTS = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8]
+FORMATS = ["csr", "coo", "csc", "dcsr", "ell", "bsr"]
+
+
+def _fmt(name):
+    return scorch.formats.bsr(2, 1) if name == "bsr" else name
+
+
+@pytest.mark.parametrize("dtype", INTS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_integer_products_sums_and_elementwise_match_torch(dtype, fmt):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-6 if dtype != torch.uint8 else 0, 7, (6, 7), generator=g).to(dtype)
+    x = x * (torch.rand(6, 7, generator=g) < 0.4).to(dtype)
+    y = torch.randint(0, 9, (7, 4), generator=g).to(dtype)
+    A, B = scorch.as_sparse(x, _fmt(fmt)), scorch.as_sparse(y, "csr")
+    cases = [(A @ y, x @ y), (A @ y[:, 0], x @ y[:, 0]), ((A @ B).to_dense(), x @ y),
+             ((A + A).to_dense(), x + x), ((A * A).to_dense(), x * x), (A.sum(1), x.sum(1)),
+             (scorch.einsum("ij,ij->", A, x), torch.einsum("ij,ij->", x, x))]
+    for got, want in cases:
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_narrow_integers_wrap_around_like_torch():
+    x = torch.full((3, 4), 100, dtype=torch.int8)
+    y = torch.full((4, 2), 3, dtype=torch.int8)
+    A = scorch.as_sparse(x, "csr")
+    assert torch.equal(A @ y, x @ y)  # 1200 wraps to -80 in int8, as torch's own
+    u = torch.full((2, 3), 200, dtype=torch.uint8)
+    assert torch.equal((scorch.as_sparse(u, "coo") * scorch.as_sparse(u, "csr")).to_dense(), u * u)
+
+
+def test_integer_sums_past_2_to_the_53_are_refused():
+    A = scorch.as_sparse(torch.tensor([[2 ** 40, 0], [0, 3]]), "csr")
+    with pytest.raises(scorch.errors.NotSupportedError, match="2\\^53"):
+        A @ torch.tensor([[2 ** 20], [1]])
+    assert torch.equal(A @ torch.tensor([[2 ** 11], [1]]), torch.tensor([[2 ** 51], [3]]))  # just below
+    with pytest.raises(scorch.errors.NotSupportedError, match="not supported"):
+        scorch.as_sparse(torch.eye(2, dtype=torch.complex64), "csr") @ torch.ones(2, 1, dtype=torch.complex64)
