@@ -883,3 +883,30 @@ def test_recompression_remembers_the_pattern_not_the_values():
         C = scorch.SparseTensor.from_levels("csr", (3, 4), [None, torch.tensor(pos, dtype=torch.int32)],
                                             [None, crd], torch.arange(1.0, 5.0))
         assert torch.equal(C.asformat("csc").to_dense(), C.to_dense())
+
+
+PLAIN2 = ["csr", "csc", "dcsr", "dcsc", "coo"]
+
+
+@pytest.mark.parametrize("src", PLAIN2)
+@pytest.mark.parametrize("dst", PLAIN2)
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_plain_2d_conversions_give_the_builders_storage(src, dst, index_dtype):
+    # among CSR / CSC / DCSR / DCSC / COO no conversion sorts (outer levels expanded or
+    # compressed, the counting sort between orders): the storage equals what the general
+    # builder makes from the dense matrix, and never aliases the source's buffers
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(9, 7, generator=g, dtype=torch.float64) * (torch.rand(9, 7, generator=g) < 0.3)
+    x[2] = 0
+    x[:, 5] = 0  # empty rows and columns
+    A = scorch.as_sparse(x, src, index_dtype=index_dtype)
+    B = A.asformat(dst)
+    want = scorch.as_sparse(x, dst, index_dtype=index_dtype)
+    assert B.format == want.format and B.index_dtype == index_dtype
+    for k in range(2):
+        for mine, theirs in ((B._pos[k], want._pos[k]), (B._crd[k], want._crd[k])):
+            assert (mine is None) == (theirs is None) and (mine is None or torch.equal(mine, theirs))
+    assert torch.equal(B.values(), want.values())
+    if src != dst:
+        B.values().add_(1)
+        assert torch.equal(A.to_dense(), x)  # the source is untouched

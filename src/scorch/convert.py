@@ -318,6 +318,25 @@ def csr_to_coo(shape, pos, crd, vals, index_dtype=None):
     return _cast_indices(preset("coo", 2), shape, out_pos, [rows, crd[1].to(_I64)], index_dtype), vals.clone()
 
 
+def compress_outer(pos, crd):
+    """2-d CSR-like storage (``pos`` / ``crd`` of its compressed inner level) with the outer
+    level compressed too (CSR -> DCSR, CSC -> DCSC): the rows holding entries, their
+    positions.  ``(pos, crd)`` per level, the inner arrays shared, in the same index type."""
+    p = pos[1]
+    counts = p[1:] - p[:-1]
+    rows = torch.nonzero(counts).reshape(-1).to(p.dtype)
+    inner = torch.cat([p[:-1][counts > 0], p[-1:]])
+    return [torch.tensor([0, rows.numel()], dtype=p.dtype), inner], [rows, crd[1]]
+
+
+def expand_outer(pos, crd, n: int):
+    """The inverse of :func:`compress_outer`: DCSR -> CSR, DCSC -> CSC over ``n`` outer coordinates."""
+    rows, inner = crd[0].to(_I64), pos[1]
+    counts = torch.zeros(n + 1, dtype=_I64)
+    counts[rows + 1] = (inner[1:] - inner[:-1]).to(_I64)
+    return [None, torch.cumsum(counts, 0).to(inner.dtype)], [None, crd[1]]
+
+
 # --------------------------------------------------------------- index width
 
 def positions_per_level(fmt: Format, shape, crd) -> list[int]:

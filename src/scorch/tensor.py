@@ -27,6 +27,8 @@ __all__ = ["SparseTensor"]
 _VERSION = 1  # of the pickled form
 _COO2, _CSR2 = preset("coo", 2), preset("csr", 2)
 _CSX2 = (_CSR2, preset("csc", 2))
+_DCSX2 = (preset("dcsr", 2), preset("dcsc", 2))
+_PLAIN2 = _CSX2 + _DCSX2 + (_COO2,)  # converted among each other without sorting (_via_csr)
 
 
 class SparseTensor(torch.Tensor):
@@ -247,8 +249,8 @@ class SparseTensor(torch.Tensor):
             return take_positions(self.detach()._positions().asformat(fmt, index_dtype=index_dtype), self.values())
         if convert.is_all_dense(self._format):  # its zeros are not entries: store only nonzeros
             return SparseTensor(fmt, self.shape, *_from_dense_with_width(fmt, self.to_dense(), index_dtype))
-        if self._format in _CSX2 and fmt in _CSX2 + (_COO2,) or self._format == _COO2 and fmt == _CSX2[1]:
-            if (out := self._via_csr(fmt, want)) is not None:  # 2-d CSR / CSC / COO: no sort
+        if self._format in _PLAIN2 and fmt in _PLAIN2 and not (self._format == _COO2 and fmt == _CSR2):
+            if (out := self._via_csr(fmt, want)) is not None:  # 2-d CSR / CSC / DCSR / DCSC / COO: no sort
                 return out
         if self.dim() == 2 and self._format == _COO2 and fmt == _CSR2:  # the common one, directly
             def make(width):
@@ -267,19 +269,32 @@ class SparseTensor(torch.Tensor):
         return SparseTensor(fmt, self.shape, pos, crd, values)
 
     def _via_csr(self, fmt, want) -> "SparseTensor | None":
-        """This 2-d CSR, CSC or COO matrix as another of them (``fmt``) without sorting: COO <->
-        CSR directly, CSR <-> CSC by the counting sort; None where that does not run (no C
-        compiler, an index width the counting sort would not keep)."""
+        """This 2-d CSR, CSC, DCSR, DCSC or COO matrix as another of them (``fmt``) without
+        sorting: to the CSR-like form of its own order (COO -> CSR by counting rows, DCSR -> CSR
+        by expanding the outer level), the counting sort (compiler.recompress) where the order
+        changes, then to ``fmt`` (compressing the outer level, or each entry's row for COO).
+        None where that does not run (no C compiler, an index width the sort would not keep)."""
         x = self
         if x._format == _COO2:
             (pos, crd), vals = convert.coo_to_csr(x._shape, x._pos, x._crd, x._values, want)
             x = SparseTensor(_CSR2, x._shape, pos, crd, vals, nnz=x._stored)
-        target = _CSR2 if fmt == _COO2 else fmt
+        elif x._format in _DCSX2:
+            plain = _CSX2[_DCSX2.index(x._format)]
+            pos, crd = convert.expand_outer(x._pos, x._crd, x._shape[x._format.order[0]])
+            x = SparseTensor(plain, x._shape, pos, crd, x._values, nnz=x._stored)
+        target = _CSX2[_DCSX2.index(fmt)] if fmt in _DCSX2 else _CSR2 if fmt == _COO2 else fmt
         if x._format != target and (x.index_dtype != want or (x := x._recompressed(target)) is None):
             return None
         if fmt == _COO2:
             (pos, crd), vals = convert.csr_to_coo(x._shape, x._pos, x._crd, x._values, want)
-            x = SparseTensor(_COO2, x._shape, pos, crd, vals, nnz=x._stored)
+            return SparseTensor(_COO2, x._shape, pos, crd, vals, nnz=x._stored)
+        if fmt in _DCSX2:
+            pos, crd = convert.compress_outer(x._pos, x._crd)
+            x = SparseTensor(fmt, x._shape, pos, crd, x._values, nnz=x._stored)
+        if x.index_dtype != want:
+            x = x.asformat(fmt, index_dtype=want)  # same format: only the index arrays recast
+        if x._values is self._values:  # a result never aliases its source's buffers
+            x = x._like(values=x._values.clone(), nnz=x._stored)
         return x
 
     def _recompressed(self, fmt) -> "SparseTensor | None":
