@@ -910,3 +910,24 @@ def test_plain_2d_conversions_give_the_builders_storage(src, dst, index_dtype):
     if src != dst:
         B.values().add_(1)
         assert torch.equal(A.to_dense(), x)  # the source is untouched
+
+
+@pytest.mark.parametrize("block", [(2, 2), (1, 3), (3, 1), (2, 3)])
+@pytest.mark.parametrize("dst", PLAIN2)
+@pytest.mark.parametrize("shape", [(6, 12), (0, 6), (6, 0), (12, 6)])
+def test_bsr_to_plain_formats_without_sorting(block, dst, shape):
+    # BSR -> CSR places each block's values in row order (no sort), explicit zeros of the blocks
+    # kept: the same storage the general path gives from the BSR's own stored entries
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(shape, generator=g, dtype=torch.float64) * (torch.rand(shape, generator=g) < 0.15)
+    for index_dtype in (torch.int32, torch.int64):
+        B = scorch.as_sparse(x, scorch.formats.bsr(*block), index_dtype=index_dtype)
+        got = B.asformat(dst)
+        coords, vals = B.coo()
+        fmt = resolve(dst, 2)
+        (pos, crd), want_vals = scorch.convert.build(fmt, B.shape, coords, vals, index_dtype)
+        assert got.format == fmt and got.index_dtype == index_dtype and got.nnz == B.nnz
+        for k in range(2):
+            for mine, theirs in ((got._pos[k], pos[k]), (got._crd[k], crd[k])):
+                assert (mine is None) == (theirs is None) and (mine is None or torch.equal(mine, theirs))
+        assert torch.equal(got.values(), want_vals) and torch.equal(got.to_dense(), x)

@@ -318,6 +318,30 @@ def csr_to_coo(shape, pos, crd, vals, index_dtype=None):
     return _cast_indices(preset("coo", 2), shape, out_pos, [rows, crd[1].to(_I64)], index_dtype), vals.clone()
 
 
+def bsr_to_csr(shape, block, pos, crd, vals, index_dtype=None):
+    """2-d BSR storage as CSR ``(pos, crd), vals``, every stored block's values kept (explicit
+    zeros too, as scipy and torch keep them) without sorting: the value at row r, column c of
+    the k-th block of block row I goes to CSR position ``pos[I] bh bw + r nb(I) bw + k bw + c``
+    (``nb(I)`` blocks in block row I).  1M nonzeros (4M stored): 85-150 ms through a sort."""
+    bh, bw = block
+    p = pos[1].to(_I64)
+    nbr, nblocks = p.numel() - 1, crd[1].numel()
+    nb = p[1:] - p[:-1]
+    brow = torch.repeat_interleave(torch.arange(nbr, dtype=_I64), nb, output_size=nblocks)
+    start, count = p[brow].view(-1, 1, 1), nb[brow].view(-1, 1, 1)
+    k = torch.arange(nblocks, dtype=_I64).view(-1, 1, 1) - start
+    r = torch.arange(bh, dtype=_I64).view(1, -1, 1)
+    c = torch.arange(bw, dtype=_I64).view(1, 1, -1)
+    dst = (start * (bh * bw) + r * (count * bw) + k * bw + c).reshape(-1)
+    out_vals = torch.empty(nblocks * bh * bw, dtype=vals.dtype)
+    out_vals[dst] = vals.reshape(-1)
+    out_crd = torch.empty(nblocks * bh * bw, dtype=_I64)
+    out_crd[dst] = (crd[1].to(_I64).view(-1, 1, 1) * bw + c).expand(nblocks, bh, bw).reshape(-1)
+    out_pos = torch.zeros(nbr * bh + 1, dtype=_I64)
+    torch.cumsum(torch.repeat_interleave(nb * bw, bh), 0, out=out_pos[1:])
+    return _cast_indices(preset("csr", 2), shape, [None, out_pos], [None, out_crd], index_dtype), out_vals
+
+
 def compress_outer(pos, crd):
     """2-d CSR-like storage (``pos`` / ``crd`` of its compressed inner level) with the outer
     level compressed too (CSR -> DCSR, CSC -> DCSC): the rows holding entries, their

@@ -20,7 +20,7 @@ import torch
 
 from . import convert
 from .errors import ScorchTypeError, ScorchValueError
-from .format import Format, preset, resolve
+from .format import Format, bsr_format, preset, resolve
 
 __all__ = ["SparseTensor"]
 
@@ -249,6 +249,11 @@ class SparseTensor(torch.Tensor):
             return take_positions(self.detach()._positions().asformat(fmt, index_dtype=index_dtype), self.values())
         if convert.is_all_dense(self._format):  # its zeros are not entries: store only nonzeros
             return SparseTensor(fmt, self.shape, *_from_dense_with_width(fmt, self.to_dense(), index_dtype))
+        if self.dim() == 2 and self._format.block and self._format == bsr_format(*self._format.block) \
+                and fmt in _PLAIN2:  # BSR: its blocks' values placed in CSR order (no sort), then on
+            (pos, crd), vals = convert.bsr_to_csr(self._shape, self._format.block, self._pos, self._crd,
+                                                  self._values, want)
+            return SparseTensor(_CSR2, self._shape, pos, crd, vals).asformat(fmt, index_dtype=want)
         if self._format in _PLAIN2 and fmt in _PLAIN2 and not (self._format == _COO2 and fmt == _CSR2):
             if (out := self._via_csr(fmt, want)) is not None:  # 2-d CSR / CSC / DCSR / DCSC / COO: no sort
                 return out
