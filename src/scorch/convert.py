@@ -342,6 +342,35 @@ def bsr_to_csr(shape, block, pos, crd, vals, index_dtype=None):
     return _cast_indices(preset("csr", 2), shape, [None, out_pos], [None, out_crd], index_dtype), out_vals
 
 
+def ell_to_csr(shape, crd, vals, index_dtype=None):
+    """2-d ELL storage (``crd[1]``: each row's slots, unused ones -1, used ones first and sorted)
+    as CSR ``(pos, crd), vals``: the used slots kept in order, no sort."""
+    c = crd[1].reshape(shape[0], crd[1].numel() // shape[0] if shape[0] else 0)
+    used = c >= 0
+    counts = used.sum(1)
+    pos = torch.zeros(shape[0] + 1, dtype=_I64)
+    torch.cumsum(counts, 0, out=pos[1:])
+    flat = used.reshape(-1)
+    return _cast_indices(preset("csr", 2), shape, [None, pos], [None, crd[1][flat].to(_I64)], index_dtype), \
+        vals[flat]
+
+
+def csr_to_ell(shape, pos, crd, vals, index_dtype=None):
+    """2-d CSR storage as ELL ``(pos, crd), vals``: each row's entries in its first slots (as
+    many as the longest row has), the rest -1 with zero values; no sort."""
+    p = pos[1].to(_I64)
+    n, nnz = shape[0], crd[1].numel()
+    counts = p[1:] - p[:-1]
+    slots = int(counts.max()) if n and nnz else 0
+    rows = torch.repeat_interleave(torch.arange(n, dtype=_I64), counts, output_size=nnz)
+    at = rows * slots + (torch.arange(nnz, dtype=_I64) - p[rows])
+    out_crd = torch.full((n * slots,), -1, dtype=_I64)
+    out_crd[at] = crd[1].to(_I64)
+    out_vals = torch.zeros(n * slots, dtype=vals.dtype)
+    out_vals[at] = vals
+    return _cast_indices(preset("ell", 2), shape, [None, None], [None, out_crd], index_dtype), out_vals
+
+
 def compress_outer(pos, crd):
     """2-d CSR-like storage (``pos`` / ``crd`` of its compressed inner level) with the outer
     level compressed too (CSR -> DCSR, CSC -> DCSC): the rows holding entries, their

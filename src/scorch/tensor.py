@@ -29,6 +29,7 @@ _COO2, _CSR2 = preset("coo", 2), preset("csr", 2)
 _CSX2 = (_CSR2, preset("csc", 2))
 _DCSX2 = (preset("dcsr", 2), preset("dcsc", 2))
 _PLAIN2 = _CSX2 + _DCSX2 + (_COO2,)  # converted among each other without sorting (_via_csr)
+_ELL2 = preset("ell", 2)
 
 
 class SparseTensor(torch.Tensor):
@@ -254,6 +255,13 @@ class SparseTensor(torch.Tensor):
             (pos, crd), vals = convert.bsr_to_csr(self._shape, self._format.block, self._pos, self._crd,
                                                   self._values, want)
             return SparseTensor(_CSR2, self._shape, pos, crd, vals).asformat(fmt, index_dtype=want)
+        if self._format == _ELL2 and fmt in _PLAIN2 + (_ELL2,):  # ELL: its used slots in order, then on
+            (pos, crd), vals = convert.ell_to_csr(self._shape, self._crd, self._values, want)
+            return SparseTensor(_CSR2, self._shape, pos, crd, vals, nnz=self._stored).asformat(fmt, index_dtype=want)
+        if fmt == _ELL2 and self._format in _PLAIN2:  # via CSR: each row's entries in its first slots
+            x = self.asformat(_CSR2, index_dtype=want)
+            (pos, crd), vals = convert.csr_to_ell(x._shape, x._pos, x._crd, x._values, want)
+            return SparseTensor(_ELL2, self._shape, pos, crd, vals, nnz=x._stored)
         if self._format in _PLAIN2 and fmt in _PLAIN2 and not (self._format == _COO2 and fmt == _CSR2):
             if (out := self._via_csr(fmt, want)) is not None:  # 2-d CSR / CSC / DCSR / DCSC / COO: no sort
                 return out
