@@ -255,7 +255,7 @@ class SparseTensor(torch.Tensor):
             (pos, crd), vals = convert.bsr_to_csr(self._shape, self._format.block, self._pos, self._crd,
                                                   self._values, want)
             return SparseTensor(_CSR2, self._shape, pos, crd, vals).asformat(fmt, index_dtype=want)
-        if self._format == _ELL2 and fmt in _PLAIN2 + (_ELL2,):  # ELL: its used slots in order, then on
+        if self._format == _ELL2 and fmt in _PLAIN2:  # ELL: its used slots in order, then on
             (pos, crd), vals = convert.ell_to_csr(self._shape, self._crd, self._values, want)
             return SparseTensor(_CSR2, self._shape, pos, crd, vals, nnz=self._stored).asformat(fmt, index_dtype=want)
         if fmt == _ELL2 and self._format in _PLAIN2:  # via CSR: each row's entries in its first slots

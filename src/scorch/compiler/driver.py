@@ -193,6 +193,7 @@ def _plan(equation: str, ops, format, expr=None, n_init: int = 0) -> tuple:
 
 
 _SCHEDULES: dict = {}
+_MAX_STATIC_ROW = 1024  # longest innermost dense loop specialised on its length
 
 
 def _affordable_dense_levels(ops) -> tuple:
@@ -212,7 +213,6 @@ def _affordable_dense_levels(ops) -> tuple:
                 out.append((k, lv))
             above *= x._shape[d]
     return tuple(out)
-_MAX_STATIC_ROW = 1024  # longest innermost dense loop specialised on its length
 
 
 def _make_plan(ein, sched, vtype, static, n_init=0, vbytes=64) -> Plan:
@@ -510,8 +510,10 @@ class _Assembled:
 
     def __post_init__(self):
         self.call = self.__call__
+        # a shape-only first test (most calls stop here); compact.wide_indices decides
         rows = math.prod(self.out_shape[:-1])
-        self.wide = rows * 2 + build.num_threads() * self.out_shape[-1] * 3 > compact.MIN_ELEMENTS if self.out_shape else False
+        arrays = rows * 2 + build.num_threads() * self.out_shape[-1] * 3 if self.out_shape else 0
+        self.wide = arrays > compact.MIN_ELEMENTS
 
     def __call__(self, ops, init=()):
         if self.wide and compact.wide_indices(self.ein, ops, build.num_threads()):
