@@ -343,8 +343,8 @@ def bsr_to_csr(shape, block, pos, crd, vals, index_dtype=None):
 
 
 def ell_to_csr(shape, crd, vals, index_dtype=None):
-    """2-d ELL storage (``crd[1]``: each row's slots, unused ones -1, used ones first and sorted)
-    as CSR ``(pos, crd), vals``: the used slots kept in order, no sort."""
+    """2-d ELL storage (``crd[1]``: each row's slots, unused ones -1, the used ones in column
+    order) as CSR ``(pos, crd), vals``: the used slots kept in their order, no sort."""
     c = crd[1].reshape(shape[0], crd[1].numel() // shape[0] if shape[0] else 0)
     used = c >= 0
     counts = used.sum(1)
