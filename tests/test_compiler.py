@@ -483,3 +483,18 @@ def test_broadcast_shapes_refuses_what_torch_refuses():
     from scorch._dispatch import broadcast_shapes
     with pytest.raises(ValueError, match="do not broadcast"):
         broadcast_shapes((2, 3), (4,))
+
+
+@needs_cc
+@pytest.mark.parametrize("fmt,eq", [("csr", "ji,jk->ik"), ("csc", "ij,jk->ik"), ("coo", "ij,jk->ik"),
+                                    ("dcsr", "ji,jk->ik"), ("ell", "ji,jk->ik")])
+@pytest.mark.parametrize("rows", [1, 7, 40])
+def test_scattering_products_write_each_threads_own_rows(fmt, eq, rows):
+    # A^T X over CSR, SpMM over CSC / COO: the result's rows come from every outer iteration.
+    # Every thread walks all entries and writes only its share of the rows (no per-thread copies
+    # of the result); values as dense torch's (the tests run kernels on every thread torch has)
+    n = 30
+    x = rnd(n, rows) if eq.startswith("ji") else rnd(rows, n)
+    y = rnd(n, 16, density=1, seed=3)
+    plan = check(eq, scorch.as_sparse(x, fmt), y)
+    assert plan.parallel == "owner" and "own_lo" in plan.source

@@ -67,13 +67,13 @@ class _Lowerer:
         self.split_parts = {o: v for v, o, _, _ in s.splits} | {i: v for v, _, i, _ in s.splits}
         ws = s.row_workspace
         self.ws = ws if (ws and phase == "compute" and ws[0] in static) else ()
-        self.assign_once = bool(self.ws) and s.parallel != "buffers" and all(
+        self.assign_once = bool(self.ws) and s.parallel not in ("buffers", "owner") and all(
             self._dense_output_loop(v) for v in s.loop_order[:self.ws[1] + 1])
         # A register accumulator under dense output loops writes each output element once
         # (SpMV's y[i] = acc): assign instead of add, and the output needs no zero-fill.
         order, out = s.loop_order, self.ein.output
         last_out = max((d for d, v in enumerate(order) if v.split("_")[0] in out), default=-1)
-        self.acc_once = (phase == "compute" and s.output[0] == "dense" and s.parallel != "buffers"
+        self.acc_once = (phase == "compute" and s.output[0] == "dense" and s.parallel not in ("buffers", "owner")
                          and not s.row_workspace and 0 <= last_out < len(order) - 1 and last_out + 1 == len(out)
                          and all(self._dense_output_loop(v) for v in order[:last_out + 1]))
         self.lanes = vbytes // (4 if vtype == "float" else 8)
@@ -457,6 +457,11 @@ class _Lowerer:
             for idx in self.ein.output:
                 numel = numel * _C(f"n_{idx}")
             return [Decl(f"{vt} * restrict", "outp", _C("out") + _C("tid") * numel)]
+        if s.parallel == "owner":  # the thread's share of the result's rows (it walks every entry)
+            n = _C(f"n_{self.ein.output[0]}")
+            return [Decl(f"{vt} * restrict", "outp", _C("out")),
+                    Decl("const int64_t", "own_lo", Bin("/", n * _C("tid"), _C("nthr"))),
+                    Decl("const int64_t", "own_hi", Bin("/", n * (_C("tid") + Const(1)), _C("nthr")))]
         return [Decl(f"{vt} * restrict", "outp", _C("out"))]
 
     def loop(self, depth: int, expr, st: _State) -> list:
@@ -491,7 +496,7 @@ class _Lowerer:
             stmts = self.walk_one(depth, v, points[0], st)
         else:
             stmts = self.merge(depth, v, points, iters, st)
-        if depth == 0 and s.parallel != "serial" and len(stmts) == 1 and isinstance(stmts[0], For):
+        if depth == 0 and s.parallel not in ("serial", "owner") and len(stmts) == 1 and isinstance(stmts[0], For):
             stmts = self.parallelise(stmts[0], iters)
         if depth == 0 and self.tiles > 1:
             tile = self.nvec * self.lanes
@@ -541,6 +546,9 @@ class _Lowerer:
         out += self.maybe_acc_end(depth, st)
         if starts_row:
             out += self.row_end(st)
+        if self.s.parallel == "owner" and v == self.ein.output[0] and self.phase == "compute":
+            own = Bin("&&", _C(v).ge(_C("own_lo")), _C(v).lt(_C("own_hi")))
+            out = out[:len(binds)] + [If(own, Block(tuple(out[len(binds):])))]
         return out
 
     def locate(self, st):

@@ -49,7 +49,8 @@ class Schedule:
     loop_order: tuple            # loop variables, outer to inner
     splits: tuple                # (var, outer_var, inner_var, block) for blocked indices
     output: tuple                # ("dense",) | ("pattern", operand) | ("assemble",)
-    parallel: str                # "rows" (disjoint writes) | "buffers" (per-thread outputs) | "serial"
+    parallel: str                # "rows" (disjoint writes) | "buffers" (per-thread outputs) |
+                                 # "owner" (every thread walks all, writes its rows) | "serial"
     notes: tuple                 # human-readable decisions (re-formats, densified operands)
     row_workspace: tuple = ()    # (var, depth): accumulate out[..., var] in a local row from this depth
 
@@ -338,4 +339,14 @@ def _parallel(einsum, expr, ops, order, output) -> str:
         op = ops[output[1]]
         return "rows" if op.level_vars()[0] == first else "serial"
     nonunique = any(not ops[k].fmt.levels[0].unique for k in at_first)
-    return "rows" if first.split("_")[0] in einsum.output and not nonunique else "buffers"
+    if first.split("_")[0] in einsum.output and not nonunique:
+        return "rows"
+    # The result's rows are scattered to from every outer iteration. With a dense index of the
+    # result innermost (A^T X, SpMM over CSC / COO: a row of K values per stored entry) each thread
+    # walks every entry but writes only its own share of the rows ("owner": no per-thread copies
+    # of the result to zero and sum, 1.3 -> 0.4 ms on PubMed at K=64); else per-thread copies.
+    if len(einsum.output) > 1 and einsum.output[0] in order and order[-1] == einsum.output[-1] \
+            and not any(op.sparse and order[-1] in op.indices for op in ops) \
+            and not any(op.sparse and op.fmt.block for op in ops):
+        return "owner"
+    return "buffers"
