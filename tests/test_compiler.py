@@ -498,3 +498,12 @@ def test_scattering_products_write_each_threads_own_rows(fmt, eq, rows):
     y = rnd(n, 16, density=1, seed=3)
     plan = check(eq, scorch.as_sparse(x, fmt), y)
     assert plan.parallel == "owner" and "own_lo" in plan.source
+
+
+@needs_cc
+def test_scattering_products_keep_per_thread_copies_when_rows_are_long():
+    # each stored entry writes K = 2 values while the result's 4 rows hold 30 entries each: walking
+    # every entry on every thread would cost more than per-thread copies of a 4 x 2 result
+    x = rnd(30, 4, density=1)
+    plan = check("ji,jk->ik", scorch.as_sparse(x, "csr"), rnd(30, 2, density=1, seed=3))
+    assert plan.parallel == "buffers"

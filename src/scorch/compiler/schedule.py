@@ -151,10 +151,12 @@ def _unique_compressed(op: Operand) -> Operand:
     return Operand(op.indices, Format(levels, op.fmt.order), op.index_ctype)
 
 
-def make_schedule(einsum: Einsum, operands, out_format: str, expr=None, dense_ok=None) -> Schedule:
+def make_schedule(einsum: Einsum, operands, out_format: str, expr=None, dense_ok=None,
+                  owner_ok: bool = True) -> Schedule:
     """``out_format``: "dense" forces a dense result; "auto" infers it (see :func:`_output`).
     ``dense_ok``: the ``(operand, level)`` pairs that may be made dense (see
-    :func:`_located_levels`; None: any)."""
+    :func:`_located_levels`; None: any); ``owner_ok``: a scattered dense result may be written
+    "owner computes" (see :func:`_parallel`)."""
     expr = product(einsum) if expr is None else expr
     ops = list(operands)
     notes = []
@@ -220,7 +222,7 @@ def make_schedule(einsum: Einsum, operands, out_format: str, expr=None, dense_ok
     if not union:
         ops = _located_levels(ops, order, notes, dense_ok)
     return Schedule(einsum, expr, tuple(ops), order, tuple(splits.values()), output,
-                    _parallel(einsum, expr, ops, order, output), tuple(notes),
+                    _parallel(einsum, expr, ops, order, output, owner_ok), tuple(notes),
                     _row_workspace(einsum, ops, order, output))
 
 
@@ -325,7 +327,7 @@ def _output(einsum, expr, ops, out_format):
     return ("assemble",), tuple(out[:-1])
 
 
-def _parallel(einsum, expr, ops, order, output) -> str:
+def _parallel(einsum, expr, ops, order, output, owner_ok: bool = True) -> str:
     if not order:
         return "serial"
     first = order[0]
@@ -344,8 +346,9 @@ def _parallel(einsum, expr, ops, order, output) -> str:
     # The result's rows are scattered to from every outer iteration. With a dense index of the
     # result innermost (A^T X, SpMM over CSC / COO: a row of K values per stored entry) each thread
     # walks every entry but writes only its own share of the rows ("owner": no per-thread copies
-    # of the result to zero and sum, 1.3 -> 0.4 ms on PubMed at K=64); else per-thread copies.
-    if len(einsum.output) > 1 and einsum.output[0] in order and order[-1] == einsum.output[-1] \
+    # of the result to zero and sum, 1.2 -> 0.4 ms on PubMed at K=64) -- where the driver says the
+    # rows are long enough for that (``owner_ok``); else per-thread copies.
+    if owner_ok and len(einsum.output) > 1 and einsum.output[0] in order and order[-1] == einsum.output[-1] \
             and not any(op.sparse and order[-1] in op.indices for op in ops) \
             and not any(op.sparse and op.fmt.block for op in ops):
         return "owner"
