@@ -16,7 +16,7 @@ from scorch.compiler import build, codegen, driver, segments
 @pytest.fixture(params=[16, 32, 64])
 def width(request, monkeypatch):
     def clear():
-        driver._PLANS.clear(), driver._BOUND.clear(), segments._FNS.clear()
+        driver._PLANS.clear(), driver._BOUND.clear(), codegen._LOADED.clear()
     clear()
     monkeypatch.setattr(build, "vector_bytes", lambda: request.param)
     yield request.param

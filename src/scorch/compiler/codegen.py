@@ -694,6 +694,23 @@ def _term(nfactors: int, m: str):
     return prod, loads[-1] if len(loads) > 1 else None
 
 
+_LOADED: dict = {}  # (tag, key) -> ctypes function: the hand-built loop nests' in-process cache
+
+
+def load(tag: str, key, make):
+    """The ctypes function of the kernel ``make()`` builds (a loop nest built in the IR outside the
+    einsum pipeline: row softmax, entry rows, transposes, recompression), rendered, compiled and
+    loaded once per ``(tag, key)`` in process; ``build`` keeps the disk cache."""
+    fn = _LOADED.get((tag, key))
+    if fn is None:
+        from . import build
+        k = make()
+        fn = getattr(build.compile_library(render(k), tag=tag), k.name)
+        build.set_signature(fn, k.params)
+        _LOADED[tag, key] = fn
+    return fn
+
+
 def function(kernel: Kernel) -> str:
     params = ", ".join(f"{p.ctype}restrict {p.name}" if p.ctype.endswith("*") else f"{p.ctype} {p.name}"
                        for p in kernel.params)

@@ -19,7 +19,6 @@ from . import build, codegen
 from .ir import Addr, Assign, Block, Call, Const, Decl, Eval, For, If, Kernel, Param, Parallel, Var
 
 _C = Var
-_FNS: dict = {}
 _TILE = {"float": 16, "double": 8}
 _VTYPES = {torch.float32: "float", torch.float64: "double"}
 
@@ -56,13 +55,7 @@ def _kernel(vtype: str) -> Kernel:
 
 
 def _function(vtype: str):
-    fn = _FNS.get(vtype)
-    if fn is None:
-        k = _kernel(vtype)
-        fn = getattr(build.compile_library(codegen.render(k), tag="permute"), k.name)
-        build.set_signature(fn, k.params)
-        _FNS[vtype] = fn
-    return fn
+    return codegen.load("permute", vtype, lambda: _kernel(vtype))
 
 
 def source(vtype: str = "float") -> str:

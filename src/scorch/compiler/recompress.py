@@ -18,7 +18,6 @@ import torch
 from . import build, codegen
 from .ir import Assign, Block, Const, Decl, For, Kernel, Param, Var
 
-_FNS: dict = {}
 _ITYPES = {torch.int32: "int32_t", torch.int64: "int64_t"}
 _WORDS = {4: "uint32_t", 8: "uint64_t"}
 
@@ -54,13 +53,7 @@ def _kernel(itype: str, wtype: str | None) -> Kernel:
 
 
 def _function(itype: str, wtype: str | None):
-    fn = _FNS.get((itype, wtype))
-    if fn is None:
-        k = _kernel(itype, wtype)
-        fn = getattr(build.compile_library(codegen.render(k), tag="recompress"), k.name)
-        build.set_signature(fn, k.params)
-        _FNS[itype, wtype] = fn
-    return fn
+    return codegen.load("recompress", (itype, wtype), lambda: _kernel(itype, wtype))
 
 
 def source(itype: str = "int32_t", wtype: str | None = "uint32_t") -> str:

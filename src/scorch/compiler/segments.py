@@ -33,7 +33,6 @@ from . import build, codegen
 from .ir import Addr, Assign, Bin, Block, Call, Cast, Const, Decl, For, If, Kernel, Param, Parallel, Var, Vec
 
 _C = Var
-_FNS: dict = {}
 
 
 # Runs shorter than this loop as plain scalar code: a vectorised loop's set-up and remainder
@@ -151,21 +150,11 @@ def _runs_interleaved(vtype, log, width, vals, out, e, finish_op):
     return shift, finish
 
 
-def _load(key, make):
-    """The compiled function of the kernel ``make()`` builds, cached under ``key``."""
-    fn = _FNS.get(key)
-    if fn is None:
-        k = make()
-        fn = getattr(build.compile_library(codegen.render(k), tag="segments"), k.name)
-        build.set_signature(fn, k.params)
-        _FNS[key] = fn
-    return fn
-
-
 def _function(vtype: str, itype: str, log: bool, width: int = 1):
     # the target's vector width is read when the kernel is first built, as the einsum plans do
     # (reading it per call took three environment lookups: 2 of a Cora softmax's 24 us)
-    return _load((vtype, itype, log, width), lambda: _kernel(vtype, itype, log, build.vector_bytes(), width))
+    return codegen.load("segments", (vtype, itype, log, width),
+                        lambda: _kernel(vtype, itype, log, build.vector_bytes(), width))
 
 
 def source(vtype: str = "float", itype: str = "int32_t", log: bool = False, width: int = 1) -> str:
@@ -236,8 +225,8 @@ def parents(pos: torch.Tensor) -> torch.Tensor:
     out = torch.empty(nnz, dtype=pos.dtype)
     if nnz:
         itype = _ITYPES[pos.dtype]
-        _load(("parents", itype), lambda: _parents_kernel(itype))(build.threads_for(nnz), n, pos.data_ptr(),
-                                                                 out.data_ptr())
+        fn = codegen.load("segments", ("parents", itype), lambda: _parents_kernel(itype))
+        fn(build.threads_for(nnz), n, pos.data_ptr(), out.data_ptr())
     return out
 
 
@@ -250,6 +239,6 @@ def heads(pos: torch.Tensor, pad: int) -> torch.Tensor:
     out = torch.zeros(nbytes, dtype=torch.uint8)
     if n > 0:
         itype = _ITYPES[pos.dtype]
-        _load(("heads", itype), lambda: _heads_kernel(itype))(build.threads_for(n), n, nbytes, pos.data_ptr(),
-                                                             out.data_ptr())
+        fn = codegen.load("segments", ("heads", itype), lambda: _heads_kernel(itype))
+        fn(build.threads_for(n), n, nbytes, pos.data_ptr(), out.data_ptr())
     return out
