@@ -77,8 +77,7 @@ def _rank(v, ops, output, first_seen, hoist=False):
             # rows are split across threads and the last index stays innermost (vectorised)
             return (9, len(output) - 1.5, first_seen[v])
         return (9, output.find(base), first_seen[v])
-    iterates = any(op.sparse and v in op.level_vars() and
-                   op.fmt.levels[op.level_vars().index(v)].kind != "dense" for op in ops)
+    iterates = any(_walks(op, v) for op in ops)
     in_out = base in output
     if hoist and not iterates and in_out and v == base:
         # dense levels index the output, one of them under a walked level (a vector per stored
@@ -87,6 +86,11 @@ def _rank(v, ops, output, first_seen, hoist=False):
         # in registers (``ijh,jhk->ihk``: i -> h -> j -> k, rows still outermost)
         return (-1, output.index(base), first_seen[v])
     return (0 if iterates else 1 if in_out else 2, output.find(base) if in_out else 0, first_seen[v])
+
+
+def _walks(op, v) -> bool:
+    """``op`` is sparse and walks variable ``v`` through a stored (non-dense) level."""
+    return op.sparse and v in op.level_vars() and op.fmt.levels[op.level_vars().index(v)].kind != "dense"
 
 
 def _under_a_walk(v, ops) -> bool:
@@ -231,9 +235,7 @@ def _co_iterated_below(ops, output, order) -> list:
     an inner-product order (``ij,kj->ik`` over two CSR operands: i -> k -> j merges row i of A
     with row k of B for every (i, k), 7.3M merges on Cora, 0.2 s)."""
     last = order.index(output[-1]) if output and output[-1] in order else len(order)
-    return [r for r in order[last + 1:] if r not in output
-            and sum(op.sparse and r in op.level_vars() and op.fmt.levels[op.level_vars().index(r)].kind != "dense"
-                    for op in ops) >= 2]
+    return [r for r in order[last + 1:] if r not in output and sum(_walks(op, r) for op in ops) >= 2]
 
 
 def _gustavson(ops, output, all_vars, rows, order, notes) -> tuple:
@@ -279,8 +281,7 @@ def _located_levels(ops, order, notes, dense_ok=None) -> list:
             v = lvars[lv]
             if levels[lv] != compressed or (dense_ok is not None and (k, lv) not in dense_ok):
                 continue
-            walked = any(j != k and o.sparse and v in o.level_vars()
-                         and o.fmt.levels[o.level_vars().index(v)].kind != "dense" for j, o in enumerate(ops))
+            walked = any(j != k and _walks(o, v) for j, o in enumerate(ops))
             start = order.index(lvars[lv - 1]) + 1 if lv else 0
             if walked and any(u not in lvars for u in order[start:order.index(v)]):
                 levels[lv] = dense
