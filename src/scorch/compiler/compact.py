@@ -73,15 +73,19 @@ def compact(ein, ops, indices) -> tuple:
                 xc[d] = torch.searchsorted(present[c], xc[d])
         shape = tuple(present[c].numel() if c in present else n for c, n in zip(t, x.shape))
         order = tuple(range(x.dim())) if x.format.block else x.format.order
-        fmt = Format(((dense,) if x.dim() > 1 else ()) + (compressed,) * (x.dim() - (x.dim() > 1)), order)
+        levels = (compressed,) * x.dim()
+        if x.dim() > 1:  # the outer level dense over the few coordinates left, the others compressed
+            levels = (dense,) + levels[1:]
+        fmt = Format(levels, order)
         (pos, crd), vals = convert.build(fmt, shape, xc, vals)
         out[k] = SparseTensor(fmt, shape, pos, crd, vals)
     return out, present
 
 
-def expand(result: SparseTensor, ein, present: dict, format):
+def expand(result: SparseTensor, ein, present: dict) -> SparseTensor:
     """The compacted einsum's ``result`` in the einsum's own shape: coordinates mapped back
-    through ``present``; DCSR-like when rows were compacted and no ``format`` was asked for."""
+    through ``present``; DCSR-like when rows were compacted, else CSR-like (the driver then
+    converts to a ``format=`` asked for)."""
     shape = tuple(ein.size[c] for c in ein.output)
     if type(result) is not SparseTensor:  # the compacted schedule assembled densely
         from ..interop import as_sparse
@@ -94,11 +98,7 @@ def expand(result: SparseTensor, ein, present: dict, format):
     rows_compacted = any(c in present for c in ein.output[:-1])
     fmt = preset("dcsr" if rows_compacted else "csr", len(shape))
     (pos, crd), vals = convert.build(fmt, shape, coords, vals)
-    out = SparseTensor(fmt, shape, pos, crd, vals)
-    if format is None:
-        return out
-    from ..interop import as_sparse
-    return out.to_dense() if format == "dense" else as_sparse(out, format)
+    return SparseTensor(fmt, shape, pos, crd, vals)
 
 
 def note(indices, present, ein) -> str:

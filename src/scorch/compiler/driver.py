@@ -689,7 +689,8 @@ def evaluate(equation: str, ops, *, format=None, expr=None, init=(), compacted=F
     if plan.schedule.output[0] == "assemble" and not (init or compacted) and build.have_compiler() \
             and (wide := compact.wide_indices(ein, ops, build.num_threads())):
         small, present = compact.compact(ein, ops, wide)
-        return compact.expand(evaluate(str(ein), small, expr=expr, compacted=True), ein, present, format)
+        return _finish(compact.expand(evaluate(str(ein), small, expr=expr, compacted=True), ein, present),
+                       out_dtype, format)
     views = None
     if init and build.have_compiler():
         plan, views = _with_init(equation, plan, ein, ops, format, expr, init, cdtype)
