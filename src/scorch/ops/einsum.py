@@ -46,7 +46,7 @@ def _einsum(equation: str, operands, format, init):
     if len(operands) == 1 and not init and type(operands[0]) is SparseTensor \
             and (perm := permutation(equation, operands[0].dim())) is not None:
         out = operands[0].permute(perm)  # "ij->ji": a sparse transpose, not a scatter into a dense result
-        return out if format is None else out.to_dense() if format == "dense" else out.asformat(format)
+        return driver._finish(out, out._values.dtype, format)
     key = driver._signature(equation, format, operands, init)  # once per call: dispatch and kernel caches
     if _dense_path(equation, operands, format, key):
         dense = [x.to_dense() if isinstance(x, SparseTensor) else x for x in driver._operands(operands)]
