@@ -22,7 +22,7 @@ FORMATS = ["csr", "coo", "csf", "ell", "dense"]
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dim,keepdim", [(None, False)] + [(d, k) for d in (0, 1, -1, (0, 2), (1, 2), (0, 1, 2))
                                                              for k in (False, True)])
-@pytest.mark.parametrize("op", ["sum", "mean", "amax", "amin"])
+@pytest.mark.parametrize("op", ["sum", "mean", "amax", "amin", "any", "all"])
 def test_reductions_match_dense(fmt, dim, keepdim, op):
     x = rnd(4, 5, 3)
     x[1] = 0  # an empty slice
@@ -186,6 +186,7 @@ WHOLE = {  # op on a SparseTensor with a stored zero -> the same op on the dense
     "nonzero as_tuple": lambda t: torch.stack(torch.nonzero(t, as_tuple=True)),
     "argmax": lambda t: t.argmax(), "argmin": lambda t: torch.argmin(t), "prod": lambda t: t.prod(),
     "prod dim": lambda t: t.prod(1), "prod keepdim": lambda t: torch.prod(t, 0, keepdim=True),
+    "any dim": lambda t: t.any(1), "all dim": lambda t: torch.all(t != 0, dim=0, keepdim=True),
 }
 
 
@@ -312,3 +313,35 @@ def test_extremes_over_mostly_empty_fibres_match_dense_and_differentiate(op, fmt
     stored = torch.zeros_like(x)
     stored[tuple(A.detach().indices())] = 1
     torch.testing.assert_close(A.grad.to_dense(), xd.grad * stored)
+
+
+@pytest.mark.parametrize("loss", ["mse_loss", "l1_loss"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("fa,fb", [("csr", "coo"), ("csc", "csc"), ("ell", "dense tensor")])
+def test_losses_of_sparse_operands(loss, reduction, fa, fb):
+    """mse / l1 loss of a SparseTensor against a sparse (other pattern) or dense target: no dense
+    fallback, the value and reduction='none' layout of torch's on the dense tensors, and the
+    input's gradient at its pattern."""
+    import warnings
+    f = getattr(torch.nn.functional, loss)
+    a, b = rnd(5, 6, seed=1), rnd(5, 6, seed=2)
+    A = scorch.as_sparse(a, fa).requires_grad_()
+    B = b if fb == "dense tensor" else scorch.as_sparse(b, fb)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*no sparse implementation.*")
+        got = f(A, B, reduction=reduction)
+    x = a.clone().requires_grad_()
+    want = f(x, b, reduction=reduction)
+    assert isinstance(got, scorch.SparseTensor) == (reduction == "none" and fb != "dense tensor")
+    torch.testing.assert_close(got.to_dense() if isinstance(got, scorch.SparseTensor) else got, want)
+    w = torch.randn(want.shape, dtype=torch.float64)
+    (got * w).sum().backward()
+    (want * w).sum().backward()
+    on = A.detach()._like(values=torch.ones(A._values.shape), nnz=A._stored).to_dense() != 0
+    torch.testing.assert_close(A.grad.to_dense(), torch.where(on, x.grad, 0.0))
+
+
+def test_mse_loss_bad_reduction():
+    A = scorch.as_sparse(rnd(3, 4), "csr")
+    with pytest.raises(ValueError, match="reduction"):
+        torch.nn.functional.mse_loss(A, A, reduction="max")

@@ -109,6 +109,11 @@ def _sum(self, dim, keepdim=False, dtype=None):
     return reduce.sum_(self, None if dim is None or len(dim) == 0 else tuple(dim), keepdim, dtype=dtype)
 
 
+@_on(aten.mean.default)
+def _mean_all(self, dtype=None):
+    return reduce.mean(self, dtype=dtype)
+
+
 @_on(aten.mean.dim)
 def _mean(self, dim, keepdim=False, dtype=None):
     return reduce.mean(self, None if dim is None or len(dim) == 0 else tuple(dim), keepdim, dtype=dtype)

@@ -113,7 +113,9 @@ def pointwise(func, args, kwargs):
         if any(isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor) and not _is_scalar(a) for a in flat):
             # sparse + dense (autograd summing a sparse and a dense gradient): dense by definition
             return densified(func, args, kwargs)
-        return dense_fallback(func, args, kwargs)
+        if any(s._shape != ref._shape for s in sparse):
+            return dense_fallback(func, args, kwargs)  # a sparse operand broadcast: dense by definition
+        return _on_union(func, args, kwargs, sparse)
     vargs, vkwargs = map_sparse(_values_of, args, kwargs)
     if mutable:
         func(*vargs, **vkwargs)
@@ -124,6 +126,35 @@ def pointwise(func, args, kwargs):
     if out.shape == ref._values.shape and out.is_contiguous():
         return ref._on_pattern(out)   # the pattern as it is: nothing to check again
     return ref._like(values=out, nnz=ref._stored)
+
+
+def _on_union(func, args, kwargs, sparse):
+    """``func`` over SparseTensors of one shape and different patterns (``maximum(A, B)``,
+    ``where(A > 0, A, B)``, ``atan2``, ``logical_and``, ``A < B``...), the other arguments
+    scalars: where ``f(0, ..., 0) == 0`` each operand's values are read at the union of the
+    patterns (its zeros where it stores nothing) and ``func`` runs on those, giving a
+    SparseTensor in the union's pattern -- the pattern and format ``A + B`` has; otherwise the
+    result is dense by definition, computed densely."""
+    if not _zero_preserving(func, args, kwargs):
+        check_dense_size(f"{func.overloadpacket.__name__} gives a dense result here, and", sparse)
+        return densified(func, args, kwargs)
+    union = _union(sparse)
+    vargs, vkwargs = map_sparse(lambda a: project(a, union), args, kwargs)
+    out = func(*vargs, **vkwargs)
+    return union._like(values=out, nnz=union._stored)
+
+
+def _union(sparse) -> SparseTensor:
+    """A SparseTensor storing every position any of ``sparse`` (one shape) stores: their
+    compiled union (``+`` over copies holding ones, so nothing cancels)."""
+    from .binary import _evaluate   # binary builds on the einsum layer, which imports this module
+    idx = "abcdefghijklmnopqrstuvwxyz"[:len(sparse[0]._shape)]
+    out = None
+    with torch.no_grad():
+        for s in dict.fromkeys(sparse):   # an operand passed twice counts once
+            ones = s._like(values=torch.ones(s._values.shape), nnz=s._stored)
+            out = ones if out is None or same_pattern(out, ones) else _evaluate("+", idx, (out, ones))
+    return out
 
 
 _CO_ITERATED = {torch.ops.aten.add.Tensor: torch.add, torch.ops.aten.sub.Tensor: torch.sub,

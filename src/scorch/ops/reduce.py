@@ -326,16 +326,40 @@ def count_nonzero(input, dim=None):
 
 @implements(torch.any, torch.Tensor.any)
 def any_(input, *args, **kwargs):
-    if args or kwargs:
+    """Whether any element is nonzero, over every dim or along ``dim`` (int or tuple) with
+    ``keepdim``: from the stored values (absent entries are zeros), a dense bool result."""
+    found = _bool_reduce_args("any", input, args, kwargs)
+    if found is None:
         return as_torch_runs(torch.any, input, *args, **kwargs)
-    return (input.values() != 0).any()
+    dims, keepdim = found
+    if dims is None:
+        return (input.values() != 0).any()
+    return _keep(count_nonzero(input, dims) > 0, dims, keepdim)
 
 
 @implements(torch.all, torch.Tensor.all)
 def all_(input, *args, **kwargs):
-    if args or kwargs:
+    """Whether every element is nonzero (so every position stored), as :func:`any_`."""
+    found = _bool_reduce_args("all", input, args, kwargs)
+    if found is None:
         return as_torch_runs(torch.all, input, *args, **kwargs)
-    return torch.tensor(int(count_nonzero(input)) == input.numel())
+    dims, keepdim = found
+    if dims is None:
+        return torch.tensor(int(count_nonzero(input)) == input.numel())
+    need = math.prod(input.shape[d] for d in dims)
+    return _keep(count_nonzero(input, dims) == need, dims, keepdim)
+
+
+def _bool_reduce_args(op, input, args, kwargs):
+    """``(dims, keepdim)`` of ``any`` / ``all`` (dims None: the whole tensor to a 0-d result),
+    or None for what torch runs itself (``out=``, a dense input)."""
+    if not isinstance(input, SparseTensor) or set(kwargs) - {"dim", "keepdim"} or len(args) > 2:
+        return None
+    dim = args[0] if args else kwargs.get("dim")
+    keepdim = bool(args[1] if len(args) > 1 else kwargs.get("keepdim", False))
+    if dim is None and not keepdim:
+        return None, False
+    return _dims(dim, input.dim(), op), keepdim
 
 
 @implements(torch.nonzero, torch.Tensor.nonzero)
@@ -409,6 +433,22 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
         return as_torch_runs(torch.nn.functional.normalize, input, p, dim, eps)
     norm = _norm(input, p, dim, True, None, lambda d: torch.linalg.vector_norm(d, p, dim, True))
     return input / norm.clamp_min(eps)
+
+
+@implements(torch.nn.functional.mse_loss)
+def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    """Mean squared error with SparseTensor operands: the squared difference -- sparse in the
+    union of the patterns when both are sparse, dense against a dense one -- then reduced; two
+    sparse operands are never densified.  Deprecated arguments, ``weight=``, broadcasting and
+    mixed dtypes run as torch runs them."""
+    if size_average is not None or reduce is not None or weight is not None \
+            or not isinstance(target, torch.Tensor) or input.shape != target.shape or input.dtype != target.dtype:
+        return as_torch_runs(torch.nn.functional.mse_loss, input, target, size_average, reduce, reduction, weight)
+    if reduction not in ("none", "mean", "sum"):
+        raise ScorchValueError(f"mse_loss: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+    diff = input - target
+    sq = diff * diff
+    return sq if reduction == "none" else sq.sum() if reduction == "sum" else sq.mean()
 
 
 @implements(torch.prod, torch.Tensor.prod)
