@@ -184,6 +184,48 @@ def test_unsqueeze_squeeze_match_dense(shape):
         check(torch.squeeze(A, tuple(range(x.dim() - 1))), torch.squeeze(x, tuple(range(x.dim() - 1))), A)
 
 
+IN_PLACE_VIEWS = [("t_", ()), ("transpose_", (0, -1)), ("unsqueeze_", (1,)), ("squeeze_", (1,)),
+                  ("unsqueeze_", (0,)), ("unsqueeze_", (-1,)), ("squeeze_", ()), ("swapdims_", (0, -1)),
+                  ("unsqueeze_", (0,)), ("squeeze_", ((0,),))]
+
+
+@pytest.mark.parametrize("shape", [(5,), (3, 4), (1, 4), (2, 1, 3), (0, 2)], ids=str)
+def test_in_place_views_match_dense(shape):
+    """t_ / transpose_ / swapdims_ / unsqueeze_ / squeeze_ change the tensor itself (returned), its
+    sizes and strides as the dense tensor's change, and keep its values."""
+    x = sample(shape)
+    for fmt in formats_for(shape):
+        A, y = scorch.as_sparse(x, fmt), x.clone()
+        for name, args in IN_PLACE_VIEWS:
+            if name == "t_" and y.dim() > 2:
+                continue
+            assert getattr(A, name)(*args) is A
+            getattr(y, name)(*args)
+            assert A.stride() == y.stride(), (fmt, name, A.stride(), y.stride())
+            check(A, y)
+
+
+def test_in_place_views_in_autograd():
+    """On a leaf that requires grad torch refuses, as for a dense leaf; inside a graph the view is
+    recorded and the gradient reaches the leaf in its pattern."""
+    x = sample((3, 4))
+    A = scorch.as_sparse(x, "csr").requires_grad_()
+    with pytest.raises(RuntimeError, match="leaf"):
+        A.t_()
+    B = A * 2
+    B.t_()
+    w = torch.randn(4, 3, dtype=torch.float64)
+    (B * w).sum().backward()
+    assert_dense_equal(A.grad.to_dense(), (2 * w.t()) * (x != 0))
+
+
+def test_squeeze_in_place_to_0d_raises():
+    A = scorch.as_sparse(torch.tensor([[2.5]]), "csr")
+    with pytest.raises(NotSupportedError, match="0-d"):
+        A.squeeze_()
+    assert A.shape == (1, 1)
+
+
 def test_squeeze_to_0d_gives_a_dense_scalar():
     for v in (0.0, 2.5):
         A = scorch.as_sparse(torch.tensor([[v]]), "csr")

@@ -106,6 +106,12 @@ class SparseTensor(torch.Tensor):
         if box is not None:   # the leaf's gradient hook reads the pattern from here
             box[0] = self._like(nnz=self._stored)
 
+    def _become(self, other: "SparseTensor") -> None:
+        """Take ``other``'s format, shape and storage (an in-place view op; the wrapper's own
+        sizes are the caller's to change)."""
+        self._format, self._shape = other._format, other._shape
+        self._set_storage(other._pos, other._crd, other._values, other._stored)
+
     def _count_nnz(self) -> int:
         if not any(lv.kind == "padded" for lv in self._format.levels):
             return self._values.numel()

@@ -16,6 +16,8 @@ import functools
 import torch
 
 from .._dispatch import implements_aten
+from ..errors import NotSupportedError
+from ..tensor import SparseTensor
 from . import linalg, reduce, shape
 
 aten = torch.ops.aten
@@ -122,6 +124,42 @@ def _mean(self, dim, keepdim=False, dtype=None):
 @_on(aten.linalg_vector_norm.default)
 def _vector_norm(self, ord=2, dim=None, keepdim=False, dtype=None):
     return reduce.vector_norm(self, ord, dim, keepdim, dtype=dtype)
+
+
+# ---------------------------------------------------------------- in-place views: t_, transpose_, squeeze_, unsqueeze_
+
+def _in_place_view(out_of_place):
+    """An in-place view op (``A.t_()``): ``A`` takes the out-of-place result's storage (the
+    same arrays, re-described) and the wrapper's sizes and strides change as torch's own
+    ``inplace_view`` ops change a tensor's -- by running the op's meta kernel on it, with
+    dispatch off (what ``torch.utils._python_dispatch.return_and_correct_aliasing`` does for
+    wrapper subclasses, without its storage aliasing: a SparseTensor has no storage)."""
+    def register(*ops):
+        for op in ops:
+            def impl(self, *args, _op=op):
+                with torch.no_grad():
+                    new = out_of_place(self, *args)
+                if not isinstance(new, SparseTensor):   # squeeze_ of a single element: 0-d, dense
+                    raise NotSupportedError(f"{_op.overloadpacket.__name__}: the result would be 0-d, which a "
+                                            "SparseTensor cannot be; use the out-of-place op (a dense scalar)")
+                with torch.utils._mode_utils.no_dispatch():
+                    meta = torch._C._meta_in_tls_dispatch_include()
+                    torch._C._set_meta_in_tls_dispatch_include(True)
+                    try:
+                        _op(self, *args)
+                    finally:
+                        torch._C._set_meta_in_tls_dispatch_include(meta)
+                self._become(new)
+                return self
+            implements_aten(op)(impl)
+    return register
+
+
+_in_place_view(lambda x: x.t())(aten.t_.default)
+_in_place_view(lambda x, d0, d1: x.transpose(d0, d1))(aten.transpose_.default)
+_in_place_view(lambda x, d: shape.unsqueeze(x, d))(aten.unsqueeze_.default)
+_in_place_view(lambda x, d=None: shape.squeeze(x, tuple(d) if isinstance(d, (list, tuple)) else d))(
+    aten.squeeze_.default, aten.squeeze_.dim, aten.squeeze_.dims)
 
 
 # ---------------------------------------------------------------- the backward of slicing a SparseTensor
