@@ -203,6 +203,38 @@ def test_in_place_pointwise_ops_keep_the_pattern(name):
     torch.testing.assert_close(A.to_dense(), ops[name](x.clone()))
 
 
+SCALES = {"mask": lambda x: (x.abs() > 0.3).to(x.dtype), "rows": lambda x: torch.arange(1.0, x.shape[0] + 1)[:, None],
+          "columns": lambda x: torch.linspace(-2, 2, x.shape[1]), "full": lambda x: torch.rand(x.shape) + 0.5,
+          "with inf": lambda x: torch.where(x == 0, float("inf"), 2.0)}
+
+
+@pytest.mark.parametrize("scale", list(SCALES))
+@pytest.mark.parametrize("fmt", ["coo", "csr", "csc", "ell", "bsr"])
+def test_in_place_mul_div_by_dense_keep_the_pattern(scale, fmt):
+    """``A.mul_(X)`` (a pruning mask, a per-row scale) and ``A.div_(X)`` scale the stored values
+    in place, as ``A * X`` / ``A / X`` do out of place (inf at an absent entry stays away, as
+    there); dividing by a zero would grow the pattern: raises.  Oracle: the dense ops, then the
+    pattern."""
+    x = rnd(6, 4)
+    A = scorch.as_sparse(x, scorch.formats.bsr(2, 2) if fmt == "bsr" else fmt)
+    on = A._like(values=torch.ones(A._values.shape), nnz=A._stored).to_dense() != 0
+    X = SCALES[scale](x).to(x.dtype)
+    nnz = A.nnz
+    assert A.mul_(X) is A and A.nnz == nnz
+    torch.testing.assert_close(A.to_dense(), torch.where(on, x * X, 0.0), rtol=0, atol=0, equal_nan=True)  # BSR: 0 * inf
+    if bool((X == 0).any()):
+        with pytest.raises(NotImplementedError, match="divisor holds zeros"):
+            A.div_(X)
+    else:
+        assert A.div_(X) is A
+        want = torch.where(on, x * X / X, 0.0)
+        torch.testing.assert_close(A.to_dense(), want, rtol=0, atol=0, equal_nan=True)
+        if torch.isfinite(want).all():
+            assert torch.isfinite(A.values()).all()   # ELL's padding slots never see 0 / 0
+    with pytest.raises(NotImplementedError, match="broadcastable"):
+        A.mul_(torch.ones(3, 6, 4))
+
+
 IN_PLACE_ON_DENSE = {
     "add_": lambda t, a: t.add_(a), "add_ alpha": lambda t, a: t.add_(a, alpha=-0.5),
     "sub_": lambda t, a: t.sub_(a), "sub_ alpha": lambda t, a: t.sub_(a, alpha=2), "+=": lambda t, a: t.__iadd__(a),

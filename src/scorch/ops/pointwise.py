@@ -105,6 +105,9 @@ def pointwise(func, args, kwargs):
     if not shared and not mutable and len(sparse) == 2 and func in _CO_ITERATED \
             and args[0] is sparse[0] and args[1] is sparse[1]:
         return _co_iterated(func, args, kwargs)
+    if not shared and mutable and len(sparse) == 1 and func in _SCALED_IN_PLACE and args[0] is ref \
+            and not kwargs and len(args) == 2:
+        return _scaled_in_place(func, ref, args[1])
     if not shared:
         if mutable:
             raise NotSupportedError(
@@ -172,6 +175,29 @@ def _co_iterated(func, args, kwargs):
     with torch.no_grad():
         b = b * alpha if alpha != 1 else b
         return binary(op, a, b, _CO_ITERATED[func], (a, b), {})
+
+
+_SCALED_IN_PLACE = {torch.ops.aten.mul_.Tensor, torch.ops.aten.div_.Tensor}
+
+
+def _scaled_in_place(func, x: SparseTensor, other):
+    """``A.mul_(X)`` / ``A.div_(X)`` by a dense ``X`` broadcastable to ``A`` (a pruning mask, a
+    per-row scale): the stored values scaled by ``X`` at their positions, the pattern kept --
+    as ``A * X`` / ``A / X`` give a result in ``A``'s pattern.  Dividing by a ``X`` holding a
+    zero would put 0/0 where ``A`` stores nothing: that raises, as the pattern cannot grow."""
+    name = func.overloadpacket.__name__
+    if not isinstance(other, torch.Tensor) or broadcast_shapes(other.shape, x.shape) != tuple(x.shape):
+        raise NotSupportedError(f"{name}: in place on a SparseTensor of shape {tuple(x.shape)} needs a dense "
+                                f"operand broadcastable to it, got shape {tuple(getattr(other, 'shape', ()))}")
+    at = project(other.expand(x.shape), x)
+    if func is torch.ops.aten.div_.Tensor:
+        if bool((other == 0).any()):
+            raise NotSupportedError("div_: the divisor holds zeros, so the quotient is NaN where the SparseTensor "
+                                    "stores nothing, which an in-place op cannot add; use the out-of-place A / X "
+                                    "(dense)")
+        at = at.masked_fill_(at == 0, 1)   # ELL's padding slots (project gives them 0): left at 0
+    func(x._values, at)
+    return x
 
 
 _SCATTER_ADD = {torch.ops.aten.add_.Tensor: 1, torch.ops.aten.sub_.Tensor: -1}
