@@ -46,7 +46,7 @@ def pattern(x: scorch.SparseTensor) -> torch.Tensor:
     return x._like(values=torch.ones(x._values.shape), nnz=x._stored).to_dense() != 0
 
 
-def check(name, A, B):
+def check(name, A, B, exact_union=True):
     f, zero_preserving = OPS[name]
     a, b = A.to_dense(), B.to_dense()
     with warnings.catch_warnings():
@@ -58,7 +58,10 @@ def check(name, A, B):
     assert dense.dtype == want.dtype and dense.shape == want.shape
     torch.testing.assert_close(dense, want, equal_nan=True, rtol=1e-12, atol=0)
     if zero_preserving:
-        assert torch.equal(pattern(got), pattern(A) | pattern(B)), name   # the union, and only it
+        union = pattern(A) | pattern(B)
+        # the union, and only it -- unless an operand is re-formatted to one with a dense level
+        # under a sparse one (user formats), which stores whole fibres: explicit zeros, then
+        assert torch.equal(pattern(got), union) if exact_union else bool((pattern(got) | union).eq(pattern(got)).all()), name
 
 
 def operands(shape, fa, fb, seed, density=0.4, dtype=torch.float64):
@@ -81,7 +84,7 @@ def test_any_formats(data, shape, name, seed, density):
     """Every preset and user-defined format on either side, empty and full operands."""
     fa = data.draw(st.sampled_from([f for f in all_formats(shape) if f != "dense"]), "fa")
     fb = data.draw(st.sampled_from([f for f in all_formats(shape) if f != "dense"]), "fb")
-    check(name, *operands(shape, fa, fb, seed % 10_000, density))
+    check(name, *operands(shape, fa, fb, seed % 10_000, density), exact_union=isinstance(fa, str) and isinstance(fb, str))
 
 
 def test_blocked_operand():

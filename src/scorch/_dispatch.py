@@ -11,6 +11,7 @@ raise instead of silently writing into a temporary.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Callable
 
@@ -53,6 +54,51 @@ def _requires_grad_(self, requires_grad=True):
 @implements(torch.Tensor.requires_grad.__set__)   # x.requires_grad = True
 def _set_requires_grad(self, requires_grad):
     _requires_grad_(self, requires_grad)
+
+
+def accepts_out(fn):
+    """``fn`` (an out-of-place implementation) taking torch's ``out=`` keyword: the result, a
+    dense tensor or a tuple of them (``topk``'s values and indices), is written into ``out`` as
+    torch writes one -- resized when its shape differs (with torch's warning when ``out`` held
+    elements), of the result's dtype -- and ``out`` returned.  A sparse result cannot be
+    written into a dense ``out``; like torch, ``out=`` does not combine with autograd."""
+    name = fn.__name__.strip("_")
+
+    @functools.wraps(fn)
+    def run(*args, out=None, **kwargs):
+        if out is None:
+            return fn(*args, **kwargs)
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
+                                           for a in leaves(args, kwargs)):
+            raise ScorchValueError(f"{name}(): out= does not support automatic differentiation (as in torch), "
+                                   "but an argument requires grad; call it without out= or under torch.no_grad()")
+        return write_out(name, fn(*args, **kwargs), out)
+    return run
+
+
+def write_out(name: str, result, out):
+    """``result`` written into ``out`` (see :func:`accepts_out`); returns ``out``."""
+    if isinstance(result, tuple):
+        if not isinstance(out, (tuple, list)) or len(out) != len(result):
+            raise ScorchTypeError(f"{name}: out= must be a tuple of {len(result)} tensors, got {type(out).__name__}")
+        written = tuple(write_out(name, r, o) for r, o in zip(result, out))
+        return written if type(result) is tuple else type(result)(written)
+    if isinstance(result, SparseTensor) or isinstance(out, SparseTensor):
+        raise NotSupportedError(f"{name}: out= needs a dense result and a dense out tensor; here "
+                                f"{'the result' if isinstance(result, SparseTensor) else 'out'} is a SparseTensor "
+                                "(call it without out=)")
+    if type(out) is not torch.Tensor or out.layout != torch.strided:
+        raise ScorchTypeError(f"{name}: out= must be a dense torch.Tensor, got {type(out).__name__} "
+                              f"{getattr(out, 'layout', '')}")
+    if out.dtype != result.dtype:
+        raise ScorchValueError(f"{name}: out= has dtype {out.dtype}, the result has {result.dtype}")
+    if out.shape != result.shape:
+        if out.numel():
+            warnings.warn(f"{name}: an out= tensor of shape {tuple(out.shape)} was resized to {tuple(result.shape)} "
+                          "(as torch resizes one that holds elements; pass an empty tensor to resize it silently)",
+                          UserWarning, stacklevel=3)
+        out.resize_(result.shape)
+    return out.copy_(result)
 
 
 def torch_function(func, types, args, kwargs):

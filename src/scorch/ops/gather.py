@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .._dispatch import implements
+from .._dispatch import accepts_out, implements
 from ..errors import NotSupportedError, ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
 from .reduce import _entries
@@ -50,10 +50,9 @@ def take(input, index):
 
 
 @implements(torch.gather, torch.Tensor.gather)
-def gather(input, dim, index, *, sparse_grad=False, out=None):
+@accepts_out
+def gather(input, dim, index, *, sparse_grad=False):
     """``out[p] = input[p with its dim-th coordinate replaced by index[p]]``."""
-    if out is not None:
-        raise ScorchValueError("gather: out= is not supported with a SparseTensor input")
     x = _sparse_input(input, "gather")
     index = _integer(index, "gather")
     d = _dim(dim, x.dim(), "gather")
@@ -76,11 +75,10 @@ def gather(input, dim, index, *, sparse_grad=False, out=None):
 
 
 @implements(torch.take_along_dim, torch.Tensor.take_along_dim)
-def take_along_dim(input, indices, dim=None, *, out=None):
+@accepts_out
+def take_along_dim(input, indices, dim=None):
     """``gather`` with ``indices`` broadcast against the input along the other dims (no ``dim``:
     ``take`` on the flattened input)."""
-    if out is not None:
-        raise ScorchValueError("take_along_dim: out= is not supported with a SparseTensor input")
     if dim is None:
         return take(input, _integer(indices, "take_along_dim").reshape(-1))
     x = _sparse_input(input, "take_along_dim")
@@ -91,10 +89,9 @@ def take_along_dim(input, indices, dim=None, *, out=None):
 
 
 @implements(torch.masked_select, torch.Tensor.masked_select)
-def masked_select(input, mask, *, out=None):
+@accepts_out
+def masked_select(input, mask):
     """The elements where ``mask`` (broadcast to the input's shape) is True, row-major, 1-d."""
-    if out is not None:
-        raise ScorchValueError("masked_select: out= is not supported with a SparseTensor input")
     x = _sparse_input(input, "masked_select")
     if isinstance(mask, SparseTensor):
         mask = mask.to_dense()
@@ -134,9 +131,8 @@ def index_add_(self, dim, index, source, *, alpha=1):
 
 
 @implements(torch.index_add, torch.Tensor.index_add)
-def index_add(input, dim, index, source, *, alpha=1, out=None):
-    if out is not None:
-        raise ScorchValueError("index_add: out= is not supported with a SparseTensor operand")
+@accepts_out
+def index_add(input, dim, index, source, *, alpha=1):
     return _index_add_into(_dense_target(input, "index_add").clone(), dim, index, source, alpha, "index_add")
 
 

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from .._dispatch import broadcast_shapes, implements
+from .._dispatch import accepts_out, broadcast_shapes, implements
 from ..compiler import permute
 from ..errors import ScorchValueError
 from ..interop import is_sparse
@@ -39,6 +39,7 @@ def _equation(na: int, nb: int) -> str:
 
 
 @implements(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
+@accepts_out
 def matmul(a, b):
     """``a @ b`` with torch's rules (1-d promotion, batch broadcasting); sparse operands
     run compiled kernels: SpMV, SpMM, batched SpMM, SpGEMM.
@@ -64,6 +65,7 @@ def _rmatmul(a, b):
 
 
 @implements(torch.mm, torch.Tensor.mm)
+@accepts_out
 def mm(a, b):
     if a.dim() != 2 or b.dim() != 2:
         raise ScorchValueError(f"mm: expects 2-d operands, got {a.dim()}-d and {b.dim()}-d")
@@ -71,6 +73,7 @@ def mm(a, b):
 
 
 @implements(torch.bmm, torch.Tensor.bmm)
+@accepts_out
 def bmm(a, b):
     if a.dim() != 3 or b.dim() != 3:
         raise ScorchValueError(f"bmm: expects 3-d operands, got {a.dim()}-d and {b.dim()}-d")
@@ -78,6 +81,7 @@ def bmm(a, b):
 
 
 @implements(torch.mv, torch.Tensor.mv)
+@accepts_out
 def mv(a, v):
     """``a @ v`` for a 2-d ``a`` and a 1-d ``v`` (SpMV when ``a`` is sparse)."""
     if a.dim() != 2 or v.dim() != 1:
@@ -86,6 +90,7 @@ def mv(a, v):
 
 
 @implements(torch.dot, torch.Tensor.dot, torch.inner, torch.Tensor.inner)
+@accepts_out
 def inner(a, b):
     """``torch.inner`` (``dot`` for two 1-d operands): the last dims contracted."""
     if a.dim() == 0 or b.dim() == 0:
@@ -99,6 +104,7 @@ def inner(a, b):
 
 
 @implements(torch.addmm, torch.Tensor.addmm, torch.sparse.addmm)
+@accepts_out
 def addmm(input, mat1, mat2, *, beta=1, alpha=1):
     """``beta * input + alpha * (mat1 @ mat2)`` (either matrix sparse)."""
     if mat1.dim() != 2 or mat2.dim() != 2:
@@ -107,6 +113,7 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1):
 
 
 @implements(torch.addmv, torch.Tensor.addmv)
+@accepts_out
 def addmv(input, mat, vec, *, beta=1, alpha=1):
     """``beta * input + alpha * (mat @ vec)`` (the matrix sparse: SpMV, starting from ``input``)."""
     if mat.dim() != 2 or vec.dim() != 1:
@@ -115,6 +122,7 @@ def addmv(input, mat, vec, *, beta=1, alpha=1):
 
 
 @implements(torch.baddbmm, torch.Tensor.baddbmm)
+@accepts_out
 def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
     """``beta * input + alpha * (batch1 @ batch2)`` over 3-d batches."""
     if batch1.dim() != 3 or batch2.dim() != 3:
@@ -163,11 +171,10 @@ def sparse_mm(mat1, mat2, reduce="sum"):
 
 
 @implements(torch.sparse.sampled_addmm)
-def sampled_addmm(input, mat1, mat2, *, beta=1.0, alpha=1.0, out=None):
+@accepts_out
+def sampled_addmm(input, mat1, mat2, *, beta=1.0, alpha=1.0):
     """``torch.sparse.sampled_addmm``: ``alpha * (mat1 @ mat2) + beta * input`` at the stored
     entries of the sparse ``input`` only (an SDDMM), in ``input``'s pattern."""
-    if out is not None:
-        raise ScorchValueError("sparse.sampled_addmm: out= is not supported with SparseTensor operands")
     if not isinstance(input, SparseTensor) or input.dim() != 2 or mat1.dim() != 2 or mat2.dim() != 2:
         raise ScorchValueError("sparse.sampled_addmm: expects a 2-d sparse input and 2-d dense mat1, mat2, got "
                                f"{type(input).__name__} {input.dim()}-d, {mat1.dim()}-d and {mat2.dim()}-d")
@@ -206,10 +213,9 @@ def linear(input, weight, bias=None):
 
 
 @implements(torch.tensordot)
-def tensordot(a, b, dims=2, out=None):
+@accepts_out
+def tensordot(a, b, dims=2):
     """``torch.tensordot`` as an einsum: ``dims`` an int (last dims of a with first of b) or two lists."""
-    if out is not None:
-        raise ScorchValueError("tensordot: out= is not supported with SparseTensor operands")
     if isinstance(dims, int):
         if dims < 0 or dims > min(a.dim(), b.dim()):
             raise ScorchValueError(f"tensordot: dims={dims} out of range for {a.dim()}-d and {b.dim()}-d operands")

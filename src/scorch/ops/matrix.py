@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .._dispatch import implements
+from .._dispatch import accepts_out, implements
 from ..errors import ScorchValueError
 from ..tensor import SparseTensor
 from .reduce import diagonal as _diagonal
@@ -23,12 +23,11 @@ _I64 = torch.int64
 
 
 @implements(torch.diag, torch.Tensor.diag)
-def diag(input, diagonal=0, *, out=None):
+@accepts_out
+def diag(input, diagonal=0):
     """A 1-d input on the ``diagonal``-th diagonal of a square matrix (sparse); a 2-d input's
     ``diagonal``-th diagonal (dense 1-d)."""
     k = _int(diagonal, "diag", "diagonal")
-    if out is not None:
-        raise ScorchValueError("diag: out= is not supported with a SparseTensor input")
     if input.dim() == 2:
         return _diagonal(input, k)
     if input.dim() != 1:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._dispatch import check_dense_size, implements
+from .._dispatch import accepts_out, check_dense_size, implements
 from ..convert import sort_keys
 from ..errors import NotSupportedError, ScorchValueError
 from ..tensor import SparseTensor
@@ -33,11 +33,10 @@ _I64 = torch.int64
 
 
 @implements(torch.topk, torch.Tensor.topk)
-def topk(input, k, dim=-1, largest=True, sorted=True, *, out=None):
+@accepts_out
+def topk(input, k, dim=-1, largest=True, sorted=True):
     """The ``k`` largest (``largest=False``: smallest) elements along ``dim`` and their positions,
     implicit zeros included; always in sorted order.  NaN counts as largest, as in torch."""
-    if out is not None:
-        raise ScorchValueError("topk: out= is not supported with a SparseTensor input")
     k = _int(k, "topk", "k")
     d = _dim(dim, input.dim(), "topk")
     size = input.shape[d]
@@ -113,10 +112,9 @@ def _dim_of(input, dim, op: str):
 
 
 @implements(torch.kthvalue, torch.Tensor.kthvalue)
-def kthvalue(input, k, dim=-1, keepdim=False, *, out=None):
+@accepts_out
+def kthvalue(input, k, dim=-1, keepdim=False):
     """The ``k``-th smallest element along ``dim`` (1-based) and its position."""
-    if out is not None:
-        raise ScorchValueError("kthvalue: out= is not supported with a SparseTensor input")
     d = _dim_of(input, dim, "kthvalue")
     k = _int(k, "kthvalue", "k")
     if not 1 <= k <= input.shape[d]:
@@ -149,19 +147,17 @@ def _median(input, dim, keepdim, op: str, skip_nan: bool):
 
 
 @implements(torch.median, torch.Tensor.median)
-def median(input, dim=None, keepdim=False, *, out=None):
+@accepts_out
+def median(input, dim=None, keepdim=False):
     """The lower median (of ``size`` elements, the ``(size + 1) // 2``-th smallest), NaN where
     the fibre holds one; without ``dim``, of every element (a 0-d tensor)."""
-    if out is not None:
-        raise ScorchValueError("median: out= is not supported with a SparseTensor input")
     return _median(input, dim, keepdim, "median", skip_nan=False)
 
 
 @implements(torch.nanmedian, torch.Tensor.nanmedian)
-def nanmedian(input, dim=None, keepdim=False, *, out=None):
+@accepts_out
+def nanmedian(input, dim=None, keepdim=False):
     """The lower median of the non-NaN elements (NaN where there are none)."""
-    if out is not None:
-        raise ScorchValueError("nanmedian: out= is not supported with a SparseTensor input")
     out = _median(input, dim, keepdim, "nanmedian", skip_nan=True)
     return out if dim is None else torch.return_types.nanmedian(tuple(out))
 

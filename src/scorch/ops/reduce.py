@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from .._dispatch import as_torch_runs, check_dense_size, implements
+from .._dispatch import accepts_out, as_torch_runs, check_dense_size, implements
 from ..compiler import build, segments
 from ..convert import coords_of, sort_keys
 from ..errors import ScorchTypeError, ScorchValueError
@@ -251,24 +251,22 @@ def _bounded_dense(x: SparseTensor, op: str) -> torch.Tensor:
 @implements(torch.norm, torch.Tensor.norm)
 def norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
     if out is not None:
-        raise ScorchValueError("norm: out= is not supported with a SparseTensor input")
+        return accepts_out(norm)(input, p, dim, keepdim, dtype=dtype, out=out)
     ord = 2 if p in ("fro", None) else p
     return _norm(input, ord, dim, keepdim, dtype,
                  lambda d: torch.norm(d, p=p, dim=dim, keepdim=keepdim, dtype=dtype))
 
 
 @implements(torch.linalg.vector_norm)
-def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
-    if out is not None:
-        raise ScorchValueError("linalg.vector_norm: out= is not supported with a SparseTensor input")
+@accepts_out
+def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     return _norm(x, ord, dim, keepdim, dtype,
                  lambda d: torch.linalg.vector_norm(d, ord, dim, keepdim, dtype=dtype))
 
 
 @implements(torch.linalg.norm)
-def linalg_norm(A, ord=None, dim=None, keepdim=False, *, out=None, dtype=None):
-    if out is not None:
-        raise ScorchValueError("linalg.norm: out= is not supported with a SparseTensor input")
+@accepts_out
+def linalg_norm(A, ord=None, dim=None, keepdim=False, *, dtype=None):
     entrywise = 2 if dim is None and (ord is None or (ord == "fro" and A.dim() == 2)) else None
     return _norm(A, entrywise, dim, keepdim, dtype,
                  lambda d: torch.linalg.norm(d, ord, dim, keepdim, dtype=dtype))
@@ -363,10 +361,9 @@ def _bool_reduce_args(op, input, args, kwargs):
 
 
 @implements(torch.nonzero, torch.Tensor.nonzero)
-def nonzero(input, *, out=None, as_tuple=False):
+@accepts_out
+def nonzero(input, *, as_tuple=False):
     """Coordinates of the nonzero elements in row-major order, as torch gives them."""
-    if out is not None:
-        raise ScorchValueError("nonzero: out= is not supported with a SparseTensor input")
     coords, vals = _entries(input)
     coords = coords[:, vals.detach() != 0]
     if coords.shape[1] > 1:  # level order is not row-major for every format (CSC, permuted views)

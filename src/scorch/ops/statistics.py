@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .._dispatch import check_dense_size, implements
+from .._dispatch import accepts_out, check_dense_size, implements
 from ..errors import ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
 from .reduce import _dims, _entries, _fibres, _shaped, amax, amin, mean, std, sum_, var
@@ -46,11 +46,10 @@ def nanmean(input, dim=None, keepdim=False, *, dtype=None):
 
 
 @implements(torch.logsumexp, torch.Tensor.logsumexp)
-def logsumexp(input, dim, keepdim=False, *, out=None):
+@accepts_out
+def logsumexp(input, dim, keepdim=False):
     """``log(sum(exp(x)))`` over ``dim``, shifted by each fibre's largest element (an absent
     entry is 0: it adds ``exp(0 - shift)``)."""
-    if out is not None:
-        raise ScorchValueError("logsumexp: out= is not supported with a SparseTensor input")
     if not input.dtype.is_floating_point:
         input = input.to(torch.get_default_dtype())   # torch's integer logsumexp gives the default float
     dims = _dims(dim, input.dim(), "logsumexp")
@@ -116,11 +115,10 @@ def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=No
 
 
 @implements(torch.histc, torch.Tensor.histc)
-def histc(input, bins=100, min=0, max=0, *, out=None):
+@accepts_out
+def histc(input, bins=100, min=0, max=0):
     """The histogram of every element: the stored values' plus the absent zeros in 0's bin (over
     the data's range, implicit zeros included, when ``min == max``, as torch)."""
-    if out is not None:
-        raise ScorchValueError("histc: out= is not supported with a SparseTensor input")
     vals, zeros = _entries(input)[1].detach(), _zeros(input)
     lo, hi = float(min), float(max)
     if lo == hi and input.numel():
