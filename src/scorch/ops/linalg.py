@@ -38,7 +38,7 @@ def _equation(na: int, nb: int) -> str:
     return f"{batch[n - (na - 2):]}ij,{batch[n - (nb - 2):]}jk->{batch}ik"
 
 
-@implements(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
+@implements(torch.matmul, torch.Tensor.matmul)
 @accepts_out
 def matmul(a, b):
     """``a @ b`` with torch's rules (1-d promotion, batch broadcasting); sparse operands
@@ -57,6 +57,9 @@ def matmul(a, b):
 def _ndim(x) -> int:
     """Number of dims without a torch-function round trip for SparseTensors (hot path)."""
     return len(x._shape) if isinstance(x, SparseTensor) else x.dim()
+
+
+implements(torch.Tensor.__matmul__)(matmul.__wrapped__)   # `A @ x` takes no out=: one call less
 
 
 @implements(torch.Tensor.__rmatmul__)
