@@ -77,9 +77,25 @@ def test_pointwise_gradcheck(op):
     assert torch.autograd.gradcheck(lambda v: dense(op(P.with_values(v))), (v,))
 
 
-@pytest.mark.parametrize("opt", [lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
-                                 lambda p: torch.optim.Adam(p, lr=0.05)], ids=["SGD", "Adam"])
-def test_optimizers_update_a_sparse_parameter_in_place(opt):
+OPTIMIZERS = {  # torch.optim on CPU loops over the tensors unless foreach=True (then torch._foreach_* ops)
+    "SGD": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    "Adam": lambda p: torch.optim.Adam(p, lr=0.05),
+    "SGD foreach": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, foreach=True),
+    "Adam foreach amsgrad": lambda p: torch.optim.Adam(p, lr=0.05, amsgrad=True, foreach=True),
+    "AdamW foreach": lambda p: torch.optim.AdamW(p, lr=0.05, foreach=True),
+    "Adagrad": lambda p: torch.optim.Adagrad(p, lr=0.2),   # its denominator is a dense state
+    "Adagrad foreach": lambda p: torch.optim.Adagrad(p, lr=0.2, foreach=True),
+    "RMSprop foreach": lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5, foreach=True),
+    "Adamax foreach": lambda p: torch.optim.Adamax(p, lr=0.05, foreach=True),
+    "NAdam": lambda p: torch.optim.NAdam(p, lr=0.05),
+    "RAdam foreach": lambda p: torch.optim.RAdam(p, lr=0.3, foreach=True),
+    "Adadelta foreach": lambda p: torch.optim.Adadelta(p, lr=5.0, foreach=True),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_optimizers_update_a_sparse_parameter_in_place(name):
+    opt = OPTIMIZERS[name]
     torch.manual_seed(0)
     target = rnd(6, 4, density=1)
     mask = rnd(6, 8) != 0

@@ -210,27 +210,33 @@ SCALES = {"mask": lambda x: (x.abs() > 0.3).to(x.dtype), "rows": lambda x: torch
 
 @pytest.mark.parametrize("scale", list(SCALES))
 @pytest.mark.parametrize("fmt", ["coo", "csr", "csc", "ell", "bsr"])
-def test_in_place_mul_div_by_dense_keep_the_pattern(scale, fmt):
-    """``A.mul_(X)`` (a pruning mask, a per-row scale) and ``A.div_(X)`` scale the stored values
-    in place, as ``A * X`` / ``A / X`` do out of place (inf at an absent entry stays away, as
-    there); dividing by a zero would grow the pattern: raises.  Oracle: the dense ops, then the
-    pattern."""
+def test_in_place_ops_with_dense_operands_keep_the_pattern(scale, fmt):
+    """``A.mul_(X)`` (a pruning mask, a per-row scale), ``A.div_(X)``, ``A.addcdiv_(G, X)`` (an
+    optimizer's step with a dense denominator) update the stored values, each dense operand read at
+    their positions, where the op leaves the absent entries 0; where it would not (``0 * inf``,
+    ``0 / 0``, ``lerp`` towards a dense X) it raises: the pattern cannot grow in place.  Oracle:
+    the dense op."""
     x = rnd(6, 4)
     A = scorch.as_sparse(x, scorch.formats.bsr(2, 2) if fmt == "bsr" else fmt)
     on = A._like(values=torch.ones(A._values.shape), nnz=A._stored).to_dense() != 0
     X = SCALES[scale](x).to(x.dtype)
-    nnz = A.nnz
-    assert A.mul_(X) is A and A.nnz == nnz
-    torch.testing.assert_close(A.to_dense(), torch.where(on, x * X, 0.0), rtol=0, atol=0, equal_nan=True)  # BSR: 0 * inf
-    if bool((X == 0).any()):
-        with pytest.raises(NotImplementedError, match="divisor holds zeros"):
-            A.div_(X)
+    G = A._like(values=torch.linspace(-1, 1, A._values.numel(), dtype=x.dtype), nnz=A._stored)
+    nnz, want = A.nnz, x.clone()
+    for op in (lambda t, X, G: t.mul_(X), lambda t, X, G: t.div_(X), lambda t, X, G: t.addcdiv_(G, X, value=-0.5),
+               lambda t, X, G: t.lerp_(X, 0.25)):
+        step = op(want.clone(), X, G.to_dense())
+        grows = bool((~on & ((step != 0) | step.isnan())).any())
+        if grows:
+            before = A.values().clone()
+            with pytest.raises(NotImplementedError, match="cannot add"):
+                op(A, X, G)
+            assert torch.equal(A.values(), before)   # nothing written
+            break
+        assert op(A, X, G) is A and A.nnz == nnz
+        want = step
+        torch.testing.assert_close(A.to_dense(), want, rtol=0, atol=0, equal_nan=True)   # BSR: stored 0 * inf
     else:
-        assert A.div_(X) is A
-        want = torch.where(on, x * X / X, 0.0)
-        torch.testing.assert_close(A.to_dense(), want, rtol=0, atol=0, equal_nan=True)
-        if torch.isfinite(want).all():
-            assert torch.isfinite(A.values()).all()   # ELL's padding slots never see 0 / 0
+        pytest.fail("lerp_ towards a dense X always grows the pattern")
     with pytest.raises(NotImplementedError, match="broadcastable"):
         A.mul_(torch.ones(3, 6, 4))
 
@@ -307,3 +313,31 @@ def test_random_fills_draw_the_stored_values(name, fmt):
     nnz = lin.weight.nnz
     torch.nn.init.xavier_uniform_(lin.weight)
     assert lin.weight.nnz == nnz and float(lin.weight.detach().values().abs().max()) <= (6 / 12) ** 0.5
+
+
+def test_foreach_ops_over_lists_holding_sparse_tensors():
+    """torch._foreach_* (optimizers with foreach=True) run element-wise through the sparse ops: in
+    place on the stored values, out of place as the single op gives it; oracle: the dense tensors."""
+    x, d = rnd(5, 6), rnd(5, 6, density=1, seed=7)
+    A, D = scorch.as_sparse(x, "csr"), d.clone()
+    G = A._like(values=torch.linspace(-1, 1, A._values.numel(), dtype=x.dtype), nnz=A._stored)
+    on = x != 0
+    g = G.to_dense()
+    torch._foreach_mul_([A, D], 2.0)
+    torch._foreach_add_([A, D], [G, g], alpha=0.5)
+    torch._foreach_addcdiv_([A, D], [G, g], [d.abs() + 1, d.abs() + 1], torch.tensor([0.25, 0.25]))
+    torch._foreach_lerp_([A, D], [G, g], 0.3)
+    torch._foreach_maximum_([A, D], [G, g])
+    want = d.clone()
+    for step in (lambda t, u: t.mul_(2.0), lambda t, u: t.add_(u, alpha=0.5),
+                 lambda t, u: t.addcdiv_(u, d.abs() + 1, value=0.25), lambda t, u: t.lerp_(u, 0.3),
+                 lambda t, u: t.copy_(torch.maximum(t, u))):
+        step(want, g)
+        step(x, g)
+    torch.testing.assert_close(D, want)
+    torch.testing.assert_close(A.to_dense(), torch.where(on, x, 0.0))
+    norms = torch._foreach_norm([A, D], 1)
+    torch.testing.assert_close(torch.stack(norms), torch.stack([A.to_dense().abs().sum(), D.abs().sum()]))
+    sq = torch._foreach_sqrt([A.abs(), D.abs()])
+    assert isinstance(sq[0], scorch.SparseTensor)
+    torch.testing.assert_close(sq[0].to_dense(), A.to_dense().abs().sqrt())

@@ -157,7 +157,8 @@ def _writes_sparse(func, args, kwargs) -> bool:
         if a.alias_info is None or not a.alias_info.is_write:
             continue
         val = args[i] if i < len(args) else kwargs.get(a.name)
-        if isinstance(val, SparseTensor):
+        if isinstance(val, SparseTensor) or (isinstance(val, (list, tuple))   # a Tensor(a!)[] (_foreach_*_)
+                                             and any(isinstance(v, SparseTensor) for v in val)):
             return True
     return False
 

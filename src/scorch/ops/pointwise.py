@@ -17,6 +17,8 @@ pointwise aten ops) run on SparseTensors too, and gradients keep the pattern.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .._dispatch import (broadcast_shapes, check_dense_size, dense_fallback, densified, implements, implements_aten,
@@ -105,14 +107,13 @@ def pointwise(func, args, kwargs):
     if not shared and not mutable and len(sparse) == 2 and func in _CO_ITERATED \
             and args[0] is sparse[0] and args[1] is sparse[1]:
         return _co_iterated(func, args, kwargs)
-    if not shared and mutable and len(sparse) == 1 and func in _SCALED_IN_PLACE and args[0] is ref \
-            and not kwargs and len(args) == 2:
-        return _scaled_in_place(func, ref, args[1])
+    if not shared and mutable and args[0] is ref and all(same_pattern(ref, s) for s in sparse[1:]):
+        return _in_place_with_dense(func, args, kwargs, ref)
     if not shared:
         if mutable:
             raise NotSupportedError(
                 f"{func.overloadpacket.__name__}: in place on SparseTensors needs operands with the same "
-                "pattern (or scalars); use the out-of-place op")
+                "pattern (or dense ones, or scalars); use the out-of-place op")
         if any(isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor) and not _is_scalar(a) for a in flat):
             # sparse + dense (autograd summing a sparse and a dense gradient): dense by definition
             return densified(func, args, kwargs)
@@ -177,27 +178,49 @@ def _co_iterated(func, args, kwargs):
         return binary(op, a, b, _CO_ITERATED[func], (a, b), {})
 
 
-_SCALED_IN_PLACE = {torch.ops.aten.mul_.Tensor, torch.ops.aten.div_.Tensor}
-
-
-def _scaled_in_place(func, x: SparseTensor, other):
-    """``A.mul_(X)`` / ``A.div_(X)`` by a dense ``X`` broadcastable to ``A`` (a pruning mask, a
-    per-row scale): the stored values scaled by ``X`` at their positions, the pattern kept --
-    as ``A * X`` / ``A / X`` give a result in ``A``'s pattern.  Dividing by a ``X`` holding a
-    zero would put 0/0 where ``A`` stores nothing: that raises, as the pattern cannot grow."""
+def _in_place_with_dense(func, args, kwargs, x: SparseTensor):
+    """An in-place op on a SparseTensor whose other operands are dense tensors (broadcastable to
+    it) or SparseTensors of its pattern -- ``A.mul_(mask)``, an optimizer's
+    ``param.addcdiv_(grad, denom)`` with a dense ``denom``: the stored values updated, each dense
+    operand read at the stored positions, when the op leaves every absent entry 0 (checked on
+    the dense operands: 0 * mask, 0 / denom); where it would not (``A.add_(ones)``, a 0 / 0), the
+    result needs entries the pattern lacks, which an in-place op cannot add: that raises."""
     name = func.overloadpacket.__name__
-    if not isinstance(other, torch.Tensor) or broadcast_shapes(other.shape, x.shape) != tuple(x.shape):
-        raise NotSupportedError(f"{name}: in place on a SparseTensor of shape {tuple(x.shape)} needs a dense "
-                                f"operand broadcastable to it, got shape {tuple(getattr(other, 'shape', ()))}")
-    at = project(other.expand(x.shape), x)
-    if func is torch.ops.aten.div_.Tensor:
-        if bool((other == 0).any()):
-            raise NotSupportedError("div_: the divisor holds zeros, so the quotient is NaN where the SparseTensor "
-                                    "stores nothing, which an in-place op cannot add; use the out-of-place A / X "
-                                    "(dense)")
-        at = at.masked_fill_(at == 0, 1)   # ELL's padding slots (project gives them 0): left at 0
-    func(x._values, at)
+    for a in leaves(args, kwargs):
+        if isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor) and not _is_scalar(a) \
+                and broadcast_shapes(a.shape, x.shape) != tuple(x.shape):
+            raise NotSupportedError(f"{name}: in place on a SparseTensor of shape {tuple(x.shape)} needs dense "
+                                    f"operands broadcastable to it, got shape {tuple(a.shape)}")
+    if not _absent_stay_zero(func, args, kwargs, x):
+        raise NotSupportedError(f"{name}: in place on a SparseTensor, this op with these dense operands makes "
+                                "entries the SparseTensor does not store nonzero, and an in-place op cannot add "
+                                "them to its pattern; use the out-of-place op")
+
+    def at(a):
+        if isinstance(a, SparseTensor):
+            return a._values
+        return project(a.expand(x.shape), x) if isinstance(a, torch.Tensor) and not _is_scalar(a) else a
+    func(*[at(a) for a in args], **{k: at(v) for k, v in kwargs.items()})
+    if x._stored < x._values.numel():   # ELL's unused slots (a dense operand reads 0 there): 0 again
+        _, _, used = coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
+        keep = torch.zeros(x._values.numel(), dtype=torch.bool)
+        keep[used] = True
+        x._values.masked_fill_(~keep, 0)
     return x
+
+
+def _absent_stay_zero(func, args, kwargs, x: SparseTensor) -> bool:
+    """Whether the out-of-place form of in-place ``func`` gives 0 (not NaN) wherever ``x`` (and
+    so every SparseTensor operand, of its pattern) stores nothing: evaluated with the sparse
+    operands as zeros against the dense ones -- as much work as the dense operands hold."""
+    packet = getattr(torch.ops.aten, func.overloadpacket.__name__[:-1], None)
+    op = getattr(packet, func._overloadname, None) if packet is not None else None
+    if op is None:
+        return False
+    zargs, zkwargs = map_sparse(_zero_of, args, kwargs)
+    z = op(*zargs, **zkwargs)
+    bad = ((z != 0) | torch.isnan(z)).expand(x.shape)
+    return int(bad.sum()) == int(project(bad, x).sum())   # every such position stored
 
 
 _SCATTER_ADD = {torch.ops.aten.add_.Tensor: 1, torch.ops.aten.sub_.Tensor: -1}
@@ -289,6 +312,45 @@ def dropout(input, p=0.5, training=True, inplace=False):
         input._values.copy_(values.detach())
         return input
     return input.detach().with_values(values) if values.requires_grad else input._like(values=values, nnz=input._stored)
+
+
+# ------------------------------------------------------------------ _foreach_* (optimizers' foreach=True, clip_grad_norm_)
+
+def _foreach(name: str, *args, **kwargs):
+    """``torch._foreach_op(tensors, ...)`` (aten op ``name``) over a list holding SparseTensors:
+    ``op`` on each element (its list arguments -- tensors, scalars -- taken element-wise), each
+    through its own sparse implementation: an in-place one updates the stored values (such an
+    update used to go into a dense copy and be lost; now it is the dispatch's error to make)."""
+    base = name[len("_foreach_"):]
+    if base == "norm":
+        op = torch.ops.aten.linalg_vector_norm
+    elif hasattr(torch.ops.aten, base):
+        op = getattr(torch.ops.aten, base)
+    else:   # maximum_ / minimum_: no in-place aten op -- the result copied in
+        op = functools.partial(_copied_in, getattr(torch.ops.aten, base[:-1]))
+    n = next(len(a) for a in args if isinstance(a, (list, tuple)))
+    args, kwargs = list(args), dict(kwargs)
+    if base.rstrip("_") in ("addcmul", "addcdiv") and len(args) > 3:   # its value: keyword-only in the op
+        value = args.pop(3)   # a number, a list of them, or a 1-d tensor of them (one per element)
+        kwargs["value"] = value.tolist() if isinstance(value, torch.Tensor) and value.dim() == 1 else value
+    if base == "norm" and len(args) > 2:
+        kwargs["dtype"] = args.pop(2)
+
+    def pick(a, i):
+        return a[i] if isinstance(a, (list, tuple)) else a
+    outs = [op(*[pick(a, i) for a in args], **{k: pick(v, i) for k, v in kwargs.items()}) for i in range(n)]
+    return None if name.endswith("_") else outs
+
+
+def _copied_in(op, x, *args, **kwargs):
+    return torch.ops.aten.copy_(x, op(x, *args, **kwargs))
+
+
+for _name in sorted({n[len("aten::"):].split(".")[0] for n in torch._C._dispatch_get_all_op_names()
+                     if n.startswith("aten::_foreach_")}):   # (dir(torch.ops.aten) lists loaded ops only)
+    _base = _name[len("_foreach_"):]
+    if hasattr(torch.ops.aten, _base) or (_base.endswith("_") and hasattr(torch.ops.aten, _base[:-1])):
+        implements_aten(getattr(torch.ops.aten, _name))(functools.partial(_foreach, _name))
 
 
 # ------------------------------------------------------------------ masked_fill: the mask read at the stored entries
