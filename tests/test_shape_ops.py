@@ -827,3 +827,37 @@ def test_unbind_split_chunk_give_sparse_pieces(name, fmt):
         assert isinstance(a, scorch.SparseTensor) and torch.equal(a.to_dense(), b)
     with pytest.raises(ValueError, match="sections .* must be non-negative and sum to dim 0's size 5"):
         scorch.as_sparse(x, fmt).split([1, 2], 0)
+
+
+PADS = [(1, 2), (0, 0), (2, 0, 1, 1), (-1, 1), (1, -2, -1, 0), (0, 0, 0, 0, 3, 1)]
+
+
+@pytest.mark.parametrize("pad", PADS, ids=str)
+@pytest.mark.parametrize("shape", [(4, 5), (2, 3, 4)], ids=str)
+def test_pad_with_zeros_stays_sparse(pad, shape):
+    """F.pad with 0 moves the entries (a negative pad crops): the same tensor as F.pad of the dense
+    one, in the same format; another fill value gives torch's dense result."""
+    x = sample(shape)
+    if len(pad) > 2 * len(shape):
+        with pytest.raises(ValueError, match="pad"):
+            torch.nn.functional.pad(scorch.as_sparse(x, "coo"), pad)
+        return
+    for fmt in formats_for(shape):
+        A = scorch.as_sparse(x, fmt)
+        got = torch.nn.functional.pad(A, pad)
+        check(got, torch.nn.functional.pad(x, pad), A)
+        assert got.format == A.format
+    A = scorch.as_sparse(x, "csr")
+    out = torch.nn.functional.pad(A, pad, value=1.5)   # dense by definition (no fallback warning)
+    assert type(out) is torch.Tensor
+    assert_dense_equal(out, torch.nn.functional.pad(x, pad, value=1.5))
+
+
+def test_pad_gradient_and_errors():
+    x = sample((3, 4))
+    A = scorch.as_sparse(x, "csr").requires_grad_()
+    w = torch.randn(5, 7, dtype=x.dtype)
+    (torch.nn.functional.pad(A, (2, 1, 1, 1)) * w).sum().backward()
+    assert_dense_equal(A.grad.to_dense(), w[1:4, 2:6] * (x != 0))
+    with pytest.raises(ValueError, match="negative size"):
+        torch.nn.functional.pad(A.detach(), (-3, -2))

@@ -679,6 +679,34 @@ def roll(input, shifts, dims=None):
     return assemble(input._format, input.shape, coords, ids, input.values(), input.index_dtype)
 
 
+@implements(torch.nn.functional.pad, torch.constant_pad_nd)
+def pad(input, pad, mode="constant", value=None):
+    """Constant padding with 0 (``F.pad``'s default): the stored entries move by the leading
+    pads and the shape grows; a negative pad crops.  Sparse, same format, differentiable.  Another
+    value, or another mode, fills or copies into the new positions: dense by definition."""
+    if not isinstance(input, SparseTensor) or mode != "constant" or value not in (None, 0):
+        check_dense_size(f"pad (mode={mode!r}, value={value!r}) gives a dense result, and", [input])
+        dense = input.to_dense() if isinstance(input, SparseTensor) else input
+        return torch.nn.functional.pad(dense, pad, mode=mode, value=value)
+    pad = [_int(p, "pad", "pad") for p in pad]
+    n = input.dim()
+    if len(pad) % 2 or len(pad) > 2 * n:
+        raise ScorchValueError(f"pad: pad must hold an even number of ints, at most 2 per dim ({2 * n} for a "
+                               f"{n}-d tensor), got {len(pad)}")
+    coords, ids = entries(input)
+    shape = list(input.shape)
+    for k in range(len(pad) // 2):   # the last dim first, as F.pad reads pad
+        d, before, after = n - 1 - k, pad[2 * k], pad[2 * k + 1]
+        if shape[d] + before + after < 0:
+            raise ScorchValueError(f"pad: padding {before, after} of dim {d} (size {shape[d]}) leaves a negative size")
+        shape[d] += before + after
+        coords[d] += before
+    keep = torch.ones(ids.numel(), dtype=torch.bool)
+    for d in range(n):   # a negative pad crops
+        keep &= (coords[d] >= 0) & (coords[d] < shape[d])
+    return assemble(input._format, shape, coords[:, keep], ids[keep], input.values(), input.index_dtype)
+
+
 # ================================================================ unbind / split / chunk: views along a dim
 
 @implements(torch.unbind, torch.Tensor.unbind)
