@@ -341,3 +341,29 @@ def test_foreach_ops_over_lists_holding_sparse_tensors():
     sq = torch._foreach_sqrt([A.abs(), D.abs()])
     assert isinstance(sq[0], scorch.SparseTensor)
     torch.testing.assert_close(sq[0].to_dense(), A.to_dense().abs().sqrt())
+
+
+TORCH_LAYOUTS = {"coo": lambda t: t.to_sparse(), "csr": lambda t: t.to_sparse_csr(),
+                 "csc": lambda t: t.to_sparse_csc(), "bsr": lambda t: t.to_sparse_bsr((2, 2))}
+MIXED = {"A+T": lambda A, T: A + T, "T+A": lambda A, T: T + A, "A-T": lambda A, T: A - T, "A*T": lambda A, T: A * T,
+         "maximum": lambda A, T: torch.maximum(A, T), "where": lambda A, T: torch.where(A > 0, A, T),
+         "remainder (dense result)": lambda A, T: torch.remainder(A, T), "A@T": lambda A, T: A @ T,
+         "cat": lambda A, T: torch.cat([A, T])}
+
+
+@pytest.mark.parametrize("name", list(MIXED))
+@pytest.mark.parametrize("layout", list(TORCH_LAYOUTS))
+def test_torch_sparse_operands_beside_a_sparse_tensor(name, layout):
+    """A torch.sparse tensor beside a SparseTensor counts as one (``A + torch.eye(n).to_sparse()``
+    raised 'expand is unsupported for Sparse tensors'); oracle: the op on the dense tensors."""
+    a, t = rnd(4, 4), rnd(4, 4, seed=5)
+    A = scorch.as_sparse(a, "csr")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*beta.*")
+        T = TORCH_LAYOUTS[layout](t)
+        warnings.filterwarnings("error")   # no dense fallback
+        got = MIXED[name](A, T)
+    want = MIXED[name](a, t)
+    dense = got.to_dense() if isinstance(got, scorch.SparseTensor) else got
+    assert type(dense) is torch.Tensor and dense.layout == torch.strided
+    torch.testing.assert_close(dense, want, equal_nan=True)

@@ -188,13 +188,18 @@ def broadcast_shapes(*shapes) -> tuple:
 
 
 def densified(func, args, kwargs):
-    """``func`` on dense copies of the SparseTensor arguments (the result is dense)."""
-    args, kwargs = map_sparse(_to_dense, args, kwargs)
+    """``func`` on dense copies of the SparseTensor arguments -- and of any ``torch.sparse`` one
+    beside them (the result is dense)."""
+    args, kwargs = _map(_to_dense, args, _is_any_sparse), _map(_to_dense, kwargs, _is_any_sparse)
     return func(*args, **kwargs)
 
 
-def _to_dense(a: SparseTensor) -> torch.Tensor:
+def _to_dense(a) -> torch.Tensor:
     return a.to_dense()
+
+
+def _is_any_sparse(a) -> bool:
+    return isinstance(a, SparseTensor) or (isinstance(a, torch.Tensor) and a.layout != torch.strided)
 
 
 # An op's arguments hold SparseTensors at the top level or in lists, tuples and dicts (an aten
@@ -207,13 +212,13 @@ def map_sparse(fn, args: tuple, kwargs: dict):
     return _map(fn, args), _map(fn, kwargs)
 
 
-def _map(fn, x):
+def _map(fn, x, pick=None):
     t = type(x)
     if t is tuple or t is list:
-        return t([_map(fn, a) for a in x])
+        return t([_map(fn, a, pick) for a in x])
     if t is dict:
-        return {k: _map(fn, v) for k, v in x.items()}
-    return fn(x) if isinstance(x, SparseTensor) else x
+        return {k: _map(fn, v, pick) for k, v in x.items()}
+    return fn(x) if (isinstance(x, SparseTensor) if pick is None else pick(x)) else x
 
 
 def leaves(args: tuple, kwargs: dict) -> list:

@@ -14,7 +14,7 @@ import torch
 
 from . import convert
 from .errors import ScorchTypeError, ScorchValueError
-from .format import Format, resolve
+from .format import Format, bsc_format, bsr_format, resolve
 from .tensor import SparseTensor
 
 __all__ = ["as_sparse", "sparse_coo", "is_sparse", "to_torch", "to_scipy", "validate_storage"]
@@ -75,6 +75,33 @@ def as_sparse(x, format="csr", *, index_dtype=None) -> SparseTensor:
     raise ScorchTypeError(
         "as_sparse: x must be a torch.Tensor (dense or torch.sparse), a scipy.sparse matrix/array, "
         f"a numpy array or a SparseTensor, got {type(x).__name__}")
+
+
+def from_torch(x: torch.Tensor) -> SparseTensor:
+    """A ``torch.sparse`` tensor as the SparseTensor of its own layout (COO, CSR, CSC, BSR / BSC
+    with its blocks); compressed layouts keep their index width, their arrays wrapped (validated),
+    not copied."""
+    if x.layout == torch.sparse_coo:
+        return as_sparse(x, "coo")
+    if x.layout in (torch.sparse_csr, torch.sparse_csc):
+        fmt = "csr" if x.layout == torch.sparse_csr else "csc"
+    else:
+        make = bsr_format if x.layout == torch.sparse_bsr else bsc_format
+        fmt = make(*x.values().shape[1:3])
+    width = (x.crow_indices() if x.layout in (torch.sparse_csr, torch.sparse_bsr) else x.ccol_indices()).dtype
+    return as_sparse(x, fmt, index_dtype=width)
+
+
+def torch_sparse_as_ours(args: tuple, kwargs: dict):
+    """``(args, kwargs)`` with every ``torch.sparse`` tensor among them (top level, lists, tuples)
+    a SparseTensor (:func:`from_torch`): what ops taking a SparseTensor beside it compute with."""
+    def conv(a):
+        t = type(a)
+        if t is list or t is tuple:
+            return t(conv(v) for v in a)
+        return from_torch(a) if isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor) \
+            and a.layout in _TORCH_SPARSE else a
+    return conv(args), {k: conv(v) for k, v in kwargs.items()}
 
 
 def sparse_coo(indices, values, shape=None, format="coo", *, index_dtype=None) -> SparseTensor:

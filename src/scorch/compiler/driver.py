@@ -20,15 +20,13 @@ import torch
 from .. import convert
 from .._dispatch import broadcast_shapes
 from ..errors import InternalError, NotSupportedError, ScorchTypeError, ScorchValueError
-from ..format import bsc_format, bsr_format, preset
-from ..interop import as_sparse, is_sparse
+from ..format import preset
+from ..interop import as_sparse, from_torch, is_sparse
 from ..tensor import SparseTensor
 from . import build, codegen, compact
 from .lower import lower
 from .notation import Einsum, parse, permutation, product
 from .schedule import Operand, Schedule, make_schedule
-
-_TORCH_LAYOUT_FORMAT = {torch.sparse_coo: "coo", torch.sparse_csr: "csr", torch.sparse_csc: "csc"}
 
 
 @dataclass
@@ -85,14 +83,7 @@ def _operands(operands):
         if isinstance(x, SparseTensor) or (isinstance(x, torch.Tensor) and not is_sparse(x)):
             out.append(x)
         elif isinstance(x, torch.Tensor):
-            fmt = _TORCH_LAYOUT_FORMAT.get(x.layout)
-            if fmt is None:  # BSR / BSC keep their blocks
-                make = bsr_format if x.layout == torch.sparse_bsr else bsc_format
-                fmt = make(*x.values().shape[1:3])
-            # Compressed layouts keep their index width: the arrays are wrapped (validated), not copied.
-            width = None if x.layout == torch.sparse_coo else (
-                x.crow_indices() if x.layout in (torch.sparse_csr, torch.sparse_bsr) else x.ccol_indices()).dtype
-            out.append(as_sparse(x, fmt, index_dtype=width))
+            out.append(from_torch(x))
         else:
             raise ScorchTypeError(f"einsum: operand {k} must be a tensor, got {type(x).__name__}")
         x = out[-1]

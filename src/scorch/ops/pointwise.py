@@ -24,6 +24,7 @@ import torch
 from .._dispatch import (broadcast_shapes, check_dense_size, dense_fallback, densified, implements, implements_aten,
                          leaves, map_sparse, register_pointwise)
 from ..convert import coords_of
+from ..interop import torch_sparse_as_ours
 from ..errors import NotSupportedError, ScorchValueError
 from ..tensor import SparseTensor
 from ._pattern import project, same_pattern
@@ -92,9 +93,13 @@ def _values_of(a: SparseTensor) -> torch.Tensor:
 @register_pointwise
 def pointwise(func, args, kwargs):
     mutable = func._schema.is_mutable
+    flat = leaves(args, kwargs)
+    if any(isinstance(a, torch.Tensor) and a.layout != torch.strided and not isinstance(a, SparseTensor)
+           for a in flat):   # beside a SparseTensor, a torch.sparse tensor counts as one
+        args, kwargs = torch_sparse_as_ours(args, kwargs)
+        flat = leaves(args, kwargs)
     if mutable and not isinstance(args[0], SparseTensor):
         return _into_dense(func, args, kwargs)
-    flat = leaves(args, kwargs)
     sparse = [a for a in flat if isinstance(a, SparseTensor)]
     ref = sparse[0]
     shared = all(same_pattern(ref, s) for s in sparse[1:]) and all(
