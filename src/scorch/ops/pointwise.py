@@ -18,6 +18,7 @@ pointwise aten ops) run on SparseTensors too, and gradients keep the pattern.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -224,8 +225,9 @@ def _absent_stay_zero(func, args, kwargs, x: SparseTensor) -> bool:
         return False
     zargs, zkwargs = map_sparse(_zero_of, args, kwargs)
     z = op(*zargs, **zkwargs)
-    bad = ((z != 0) | torch.isnan(z)).expand(x.shape)
-    return int(bad.sum()) == int(project(bad, x).sum())   # every such position stored
+    bad = (z != 0) | torch.isnan(z)   # the dense operands' shape: broadcast, each counts that often
+    total = int(bad.sum()) * (math.prod(x._shape) // max(bad.numel(), 1))
+    return total == int(project(bad.expand(x.shape), x).sum())   # every such position stored
 
 
 _SCATTER_ADD = {torch.ops.aten.add_.Tensor: 1, torch.ops.aten.sub_.Tensor: -1}
