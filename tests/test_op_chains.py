@@ -50,8 +50,9 @@ STEPS = {
     "mul dense row": (lambda x: True, lambda t, x: t * torch.linspace(-1, 1, x.shape[-1], dtype=x.dtype)),
     "maximum flipped": (lambda x: True, lambda t, x: torch.maximum(t, t.flip(0))),
     "where flipped": (lambda x: True, lambda t, x: torch.where(t > 0, t, t.flip(0))),
-    "atan2 rolled": (lambda x: True, lambda t, x: torch.atan2(t, t.roll(1, 0))),
-    "pad": (lambda x: True, lambda t, x: torch.nn.functional.pad(t, (1, -1))),
+    # + 0.0: atan2 tells -0.0 (what neg gives a dense zero) from +0.0 (an absent entry, as in torch.sparse)
+    "atan2 rolled": (lambda x: True, lambda t, x: torch.atan2(t + 0.0, t.roll(1, 0) + 0.0)),
+    "pad": (lambda x: x.shape[-1] > 0, lambda t, x: torch.nn.functional.pad(t, (1, -1))),  # (dense torch refuses 0)
     "mul_ mask": (lambda x: True, lambda t, x: t.clone().mul_((torch.arange(x.shape[-1]) % 2).to(x.dtype))),
     "cat": (lambda x: True, lambda t, x: torch.cat([t, t], 0)),
     "stack": (lambda x: x.dim() < 4, lambda t, x: torch.stack([t, t], 1)),
