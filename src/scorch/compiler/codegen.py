@@ -559,7 +559,7 @@ def _segmented_rows_double(s: SegmentedRows, ind: str) -> list[str]:
     """:func:`segmented_rows` in float64: 8 chunks of 32 entries, four 8-lane vectors each
     (``scorch_seg_block_d``, ``scorch_gather8d``)."""
     p, b, c, g = ind + "    ", ind + "      ", ind + "        ", ind + "          "
-    group = [f"const int64_t q_ = q0_ + 8 * g_;", f"const __mmask8 m_ = scorch_live8({s.ncrd} - q_);"]
+    group = ["const int64_t q_ = q0_ + 8 * g_;", f"const __mmask8 m_ = scorch_live8({s.ncrd} - q_);"]
     for name, kind, array in s.loads:
         load = (f"_mm512_maskz_loadu_pd(m_, {array} + q_)" if kind == "vals" else
                 f"full_ ? scorch_gather8d({array}, {s.crd} + q_) : _mm512_mask_i32gather_pd("

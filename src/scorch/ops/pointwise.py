@@ -327,7 +327,7 @@ def _foreach(name: str, *args, **kwargs):
     """``torch._foreach_op(tensors, ...)`` (aten op ``name``) over a list holding SparseTensors:
     ``op`` on each element (its list arguments -- tensors, scalars -- taken element-wise), each
     through its own sparse implementation: an in-place one updates the stored values (such an
-    update used to go into a dense copy and be lost; now it is the dispatch's error to make)."""
+    update used to go into a dense copy and be lost)."""
     base = name[len("_foreach_"):]
     if base == "norm":
         op = torch.ops.aten.linalg_vector_norm
