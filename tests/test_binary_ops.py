@@ -367,3 +367,30 @@ def test_torch_sparse_operands_beside_a_sparse_tensor(name, layout):
     dense = got.to_dense() if isinstance(got, scorch.SparseTensor) else got
     assert type(dense) is torch.Tensor and dense.layout == torch.strided
     torch.testing.assert_close(dense, want, equal_nan=True)
+
+
+DENSE_BY_DEFINITION = {
+    "layer_norm": lambda a, b: torch.nn.functional.layer_norm(a, (6,)),
+    "batch_norm": lambda a, b: torch.nn.functional.batch_norm(a, torch.zeros(6, dtype=a.dtype),
+                                                              torch.ones(6, dtype=a.dtype)),
+    "group_norm": lambda a, b: torch.nn.functional.group_norm(a, 2),
+    "logsigmoid": lambda a, b: torch.nn.functional.logsigmoid(a),
+    "bce_with_logits": lambda a, b: torch.nn.functional.binary_cross_entropy_with_logits(a, (b > 0).to(a.dtype)),
+    "searchsorted": lambda a, b: torch.searchsorted(torch.tensor([-1.0, 0.0, 1.0], dtype=a.dtype), a),
+    "bucketize": lambda a, b: torch.bucketize(a, torch.tensor([-1.0, 0.0, 1.0], dtype=a.dtype)),
+    "histogram": lambda a, b: torch.histogram(a, 4).hist,
+    "cdist": lambda a, b: torch.cdist(a, b),
+}
+
+
+@pytest.mark.parametrize("name", list(DENSE_BY_DEFINITION))
+def test_dense_by_definition_ops_compute_densely_without_a_warning(name):
+    """Normalisations, f(0) != 0 losses, bucket indices, distances: dense whatever the input,
+    computed on the dense tensors without the fallback's warning; oracle: the same on them."""
+    a, b = rnd(5, 6), rnd(5, 6, seed=1)
+    A, B = scorch.as_sparse(a, "csr"), scorch.as_sparse(b, "coo")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = DENSE_BY_DEFINITION[name](A, B)
+    assert type(got) is torch.Tensor
+    torch.testing.assert_close(got, DENSE_BY_DEFINITION[name](a, b))

@@ -129,7 +129,19 @@ def torch_dispatch(func, types, args, kwargs):
         return impl(*args, **kwargs)
     if _POINTWISE and (torch.Tag.pointwise in func.tags or _in_place_pointwise(func)):
         return _POINTWISE[0](func, args, kwargs)
+    if func.overloadpacket in _DENSE_BY_DEFINITION and not _writes_sparse(func, args, kwargs):
+        check_dense_size(f"{func.overloadpacket.__name__} gives a dense result, and", leaves(args, kwargs))
+        return densified(func, args, kwargs)
     return dense_fallback(func, args, kwargs)
+
+
+# aten ops whose result is dense whatever the input's sparsity (centred or normalised values,
+# f(0) != 0, one value per position or per bin): computed densely, without the fallback's
+# "no sparse implementation" warning -- as exp(A) or A + 1 are
+_DENSE_BY_DEFINITION = {getattr(torch.ops.aten, name) for name in (
+    "native_layer_norm", "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
+    "native_group_norm", "log_sigmoid_forward", "binary_cross_entropy_with_logits", "searchsorted", "bucketize",
+    "histogram", "_cdist_forward", "cdist") if hasattr(torch.ops.aten, name)}
 
 
 _IN_PLACE: dict = {}
