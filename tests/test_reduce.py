@@ -315,7 +315,7 @@ def test_extremes_over_mostly_empty_fibres_match_dense_and_differentiate(op, fmt
     torch.testing.assert_close(A.grad.to_dense(), xd.grad * stored)
 
 
-@pytest.mark.parametrize("loss", ["mse_loss", "l1_loss"])
+@pytest.mark.parametrize("loss", ["mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss"])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("fa,fb", [("csr", "coo"), ("csc", "csc"), ("ell", "dense tensor")])
 def test_losses_of_sparse_operands(loss, reduction, fa, fb):
@@ -324,7 +324,7 @@ def test_losses_of_sparse_operands(loss, reduction, fa, fb):
     input's gradient at its pattern."""
     import warnings
     f = getattr(torch.nn.functional, loss)
-    a, b = rnd(5, 6, seed=1), rnd(5, 6, seed=2)
+    a, b = 2 * rnd(5, 6, seed=1), rnd(5, 6, seed=2)   # (differences on both sides of beta / delta = 1)
     A = scorch.as_sparse(a, fa).requires_grad_()
     B = b if fb == "dense tensor" else scorch.as_sparse(b, fb)
     with warnings.catch_warnings():

@@ -432,20 +432,43 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
     return input / norm.clamp_min(eps)
 
 
+def _difference_loss(name, input, target, reduction, per_entry, torch_args, plain):
+    """A loss of ``input - target`` entrywise, ``per_entry(d)`` with ``per_entry(0) == 0``: on
+    the stored values of a sparse difference (the union of two sparse operands' patterns; never
+    densified), on the dense one against a dense operand, then reduced.  Unless ``plain`` (torch's
+    deprecated arguments, ``weight=``), broadcasting and mixed dtypes: as torch runs the loss,
+    with ``torch_args`` after ``input, target``."""
+    if not plain or not isinstance(target, torch.Tensor) or input.shape != target.shape \
+            or input.dtype != target.dtype:
+        return as_torch_runs(getattr(torch.nn.functional, name), input, target, *torch_args)
+    if reduction not in ("none", "mean", "sum"):
+        raise ScorchValueError(f"{name}: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+    diff = input - target
+    loss = diff.with_values(per_entry(diff.values())) if isinstance(diff, SparseTensor) else per_entry(diff)
+    return loss if reduction == "none" else loss.sum() if reduction == "sum" else loss.mean()
+
+
 @implements(torch.nn.functional.mse_loss)
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
-    """Mean squared error with SparseTensor operands: the squared difference -- sparse in the
-    union of the patterns when both are sparse, dense against a dense one -- then reduced; two
-    sparse operands are never densified.  Deprecated arguments, ``weight=``, broadcasting and
-    mixed dtypes run as torch runs them."""
-    if size_average is not None or reduce is not None or weight is not None \
-            or not isinstance(target, torch.Tensor) or input.shape != target.shape or input.dtype != target.dtype:
-        return as_torch_runs(torch.nn.functional.mse_loss, input, target, size_average, reduce, reduction, weight)
-    if reduction not in ("none", "mean", "sum"):
-        raise ScorchValueError(f"mse_loss: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
-    diff = input - target
-    sq = diff * diff
-    return sq if reduction == "none" else sq.sum() if reduction == "sum" else sq.mean()
+    """Mean squared error with SparseTensor operands (see :func:`_difference_loss`)."""
+    return _difference_loss("mse_loss", input, target, reduction, lambda d: d * d,
+                            (size_average, reduce, reduction, weight),
+                            size_average is None and reduce is None and weight is None)
+
+
+@implements(torch.nn.functional.smooth_l1_loss)
+def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
+    """Smooth L1 loss with SparseTensor operands (see :func:`_difference_loss`)."""
+    f = lambda d: torch.nn.functional.smooth_l1_loss(d, torch.zeros_like(d), reduction="none", beta=beta)  # noqa: E731
+    return _difference_loss("smooth_l1_loss", input, target, reduction, f, (size_average, reduce, reduction, beta),
+                            size_average is None and reduce is None)
+
+
+@implements(torch.nn.functional.huber_loss)
+def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
+    """Huber loss with SparseTensor operands (see :func:`_difference_loss`)."""
+    f = lambda d: torch.nn.functional.huber_loss(d, torch.zeros_like(d), reduction="none", delta=delta)  # noqa: E731
+    return _difference_loss("huber_loss", input, target, reduction, f, (reduction, delta, weight), weight is None)
 
 
 @implements(torch.prod, torch.Tensor.prod)
