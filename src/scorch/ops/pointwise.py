@@ -26,7 +26,7 @@ from .._dispatch import (broadcast_shapes, check_dense_size, dense_fallback, den
                          leaves, map_sparse, register_pointwise)
 from ..convert import coords_of
 from ..interop import torch_sparse_as_ours
-from ..errors import NotSupportedError, ScorchValueError
+from ..errors import InternalError, NotSupportedError, ScorchValueError
 from ..tensor import SparseTensor
 from ._pattern import project, same_pattern
 
@@ -148,23 +148,35 @@ def _on_union(func, args, kwargs, sparse):
     if not _zero_preserving(func, args, kwargs):
         check_dense_size(f"{func.overloadpacket.__name__} gives a dense result here, and", sparse)
         return densified(func, args, kwargs)
-    union = _union(sparse)
-    vargs, vkwargs = map_sparse(lambda a: project(a, union), args, kwargs)
+    union, on_union = _on_union_values(list(dict.fromkeys(sparse)))   # an operand passed twice counts once
+    vargs, vkwargs = map_sparse(lambda a: on_union[id(a)], args, kwargs)
     out = func(*vargs, **vkwargs)
     return union._like(values=out, nnz=union._stored)
 
 
-def _union(sparse) -> SparseTensor:
-    """A SparseTensor storing every position any of ``sparse`` (one shape) stores: their
-    compiled union (``+`` over copies holding ones, so nothing cancels)."""
+def _on_union_values(sparse: list):
+    """The union of the patterns of ``sparse`` (one shape; a SparseTensor) and each operand's
+    values at its entries (``{id(operand): values}``, 0 where the operand stores nothing).  One
+    compiled union (``+``) per operand, the operand holding its positions + 1 (exact in float64)
+    and the others zeros: every union has the same pattern, and its values say where each of the
+    operand's values goes -- no sorting or key search."""
     from .binary import _evaluate   # binary builds on the einsum layer, which imports this module
     idx = "abcdefghijklmnopqrstuvwxyz"[:len(sparse[0]._shape)]
-    out = None
+    union, out = None, {}
     with torch.no_grad():
-        for s in dict.fromkeys(sparse):   # an operand passed twice counts once
-            ones = s._like(values=torch.ones(s._values.shape), nnz=s._stored)
-            out = ones if out is None or same_pattern(out, ones) else _evaluate("+", idx, (out, ones))
-    return out
+        for s in sparse:
+            u = None
+            for t in sparse:
+                n = t._values.numel()
+                ids = torch.arange(1, n + 1, dtype=torch.float64) if t is s else torch.zeros(n, dtype=torch.float64)
+                part = t._like(values=ids, nnz=t._stored)
+                u = part if u is None else _evaluate("+", idx, (u, part))
+            if union is None:
+                union = u
+            elif not same_pattern(union, u):
+                raise InternalError("pointwise: the unions of one set of patterns differ")
+            out[id(s)] = torch.cat([s._values.new_zeros(1), s._values])[u._values.long()]
+    return union, out
 
 
 _CO_ITERATED = {torch.ops.aten.add.Tensor: torch.add, torch.ops.aten.sub.Tensor: torch.sub,
