@@ -1,8 +1,9 @@
 """Sparse ops against the closest torch.sparse route, on PubMed and ca-AstroPh.
 
 CSR softmax (torch: COO softmax), row sums (torch: COO sum), sparse + sparse
-(torch: COO add), and the backward of SpMM w.r.t. the values and the dense
-operand (torch: CSR autograd through ``torch.sparse.mm``).  Medians, alternated
+(torch: COO add), the maximum of two patterns (torch: ``B + relu(A - B)`` on COO),
+and the backward of SpMM w.r.t. the values and the dense operand (torch: CSR
+autograd through ``torch.sparse.mm``).  Medians, alternated
 in one process; results checked against each other first.
 
     python benchmarks/bench_ops.py [--data ../shared/data]
@@ -61,6 +62,11 @@ def main():
         assert torch.allclose((A + B).to_dense(), (Acoo + Bcoo).to_dense(), atol=1e-6)
         t = timeit([lambda: A + B, lambda: Acoo + Bcoo], args.repeat)
         rows.append(("sparse + sparse", name, *t, "COO + COO"))
+
+        # torch has no maximum of two sparse tensors: its closest route is b + relu(a - b) on COO
+        assert torch.allclose(torch.maximum(A, B).to_dense(), (Bcoo + (Acoo - Bcoo).relu()).to_dense(), atol=1e-6)
+        t = timeit([lambda: torch.maximum(A, B), lambda: Bcoo + (Acoo - Bcoo).relu()], args.repeat)
+        rows.append(("maximum(A, B)", name, *t, "B + relu(A - B) on COO"))
 
         X = torch.randn(A.shape[0], 64, requires_grad=True)
         v = A.values().clone().requires_grad_()
