@@ -861,3 +861,60 @@ def test_pad_gradient_and_errors():
     assert_dense_equal(A.grad.to_dense(), w[1:4, 2:6] * (x != 0))
     with pytest.raises(ValueError, match="negative size"):
         torch.nn.functional.pad(A.detach(), (-3, -2))
+
+
+SETITEM = {  # key, value: the stored entries the key selects take the value; 0 may land anywhere
+    "point stored": ((0, 0), 7.0), "point absent, 0": ((0, 1), 0.0), "negative point": ((-1, -1), 8.0),
+    "bool mask on stored": ("mask", -1.5), "row to 0": (0, 0.0), "column, tensor": ((slice(None), 2), "column"),
+    "index lists": (([0, 2], [0, 3]), "pair"), "everything to 0": ((Ellipsis,), 0.0),
+}
+
+
+@pytest.mark.parametrize("name", list(SETITEM))
+def test_setitem_updates_stored_entries(name):
+    """``A[key] = value`` writes the selected stored entries (it wrote into a temporary and was
+    lost); zeros may land on absent positions; oracle: the same assignment on the dense tensor."""
+    x = torch.tensor([[1.0, 0, 2, 0], [0, 3, 0, 0], [4, 0, 5, 6]], dtype=torch.float64)
+    key, value = SETITEM[name]
+    if key == "mask":
+        key = x > 0
+    value = {"column": torch.tensor([9.0, 0.0, 8.0], dtype=x.dtype),
+             "pair": torch.tensor([-2.0, 6.5], dtype=x.dtype)}.get(value, value) if isinstance(value, str) else value
+    for fmt in ("csr", "coo", "csc", "ell", "csf", scorch.formats.bsr(3, 2)):
+        A, y = scorch.as_sparse(x, fmt), x.clone()
+        nnz = A.nnz
+        A[key] = value
+        y[key] = value
+        check(A, y)
+        assert A.nnz == nnz   # the pattern is kept (a zero written stays stored)
+
+
+def test_setitem_refuses_to_grow_the_pattern_and_to_bypass_autograd():
+    x = torch.tensor([[1.0, 0, 2], [0, 3, 0]], dtype=torch.float64)
+    A = scorch.as_sparse(x, "csr")
+    with pytest.raises(NotSupportedError, match="grow"):
+        A[0, 1] = 5.0
+    with pytest.raises(NotSupportedError, match="grow"):
+        A[:, 1] = torch.tensor([1.0, 1.0], dtype=x.dtype)
+    with pytest.raises(NotSupportedError, match="grow"):
+        A[0] = float("nan")
+    with pytest.raises(IndexError):
+        A[2, 0] = 1.0
+    check(A, x)   # nothing written by the refused assignments
+    B = scorch.as_sparse(x, "csr").requires_grad_()
+    with pytest.raises(NotSupportedError, match="requires grad"):
+        B[0, 0] = 1.0
+    with torch.no_grad():
+        B[0, 0] = 4.0   # a parameter update
+    assert B.detach().to_dense()[0, 0] == 4.0
+
+
+def test_setitem_after_saving_for_backward_is_detected():
+    """The write bumps the tensor's version: autograd sees that a saved tensor changed."""
+    x = torch.tensor([[1.0, 0, 2], [0, 3, 0]], dtype=torch.float64)
+    w = torch.ones(3, 2, dtype=x.dtype, requires_grad=True)
+    A = scorch.as_sparse(x, "csr")
+    out = (A @ w).sum()
+    A[0, 0] = 5.0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward()

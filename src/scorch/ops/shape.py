@@ -519,6 +519,61 @@ def getitem(x, key):
     return _rebuild_like(x, shape, out, ids)
 
 
+@implements(torch.Tensor.__setitem__)
+def setitem(x, key, value):
+    """``x[key] = value`` with a SparseTensor ``x``: the stored entries the key selects take the
+    value (broadcast as torch broadcasts it; any key torch takes); a selected position ``x`` does
+    not store may only receive 0 -- another value would grow the pattern in place, which raises,
+    as ``masked_fill_`` does.  (torch.sparse refuses every assignment; before this, one into a
+    SparseTensor went into a temporary and was lost.)  A dense ``x`` with a sparse key or value:
+    on their dense values."""
+    if not isinstance(x, SparseTensor):
+        return _dense_call(torch.Tensor.__setitem__, x, key, value)
+    if torch.is_grad_enabled() and x.requires_grad:
+        raise NotSupportedError("setitem: writing into a SparseTensor that requires grad is not recorded by "
+                                "autograd; assign under torch.no_grad() (a parameter update), or build a new tensor")
+    dense = lambda k: k.to_dense() if isinstance(k, SparseTensor) else k  # noqa: E731
+    key = tuple(map(dense, key)) if isinstance(key, tuple) else dense(key)
+    value = dense(value)
+    scalar = not isinstance(value, torch.Tensor) or value.dim() == 0
+    if scalar and value != value:
+        value = float("nan")
+    coords, _, where = convert.coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
+    points = key if isinstance(key, tuple) else (key,)
+    if scalar and len(points) == x.dim() and all(isinstance(k, int) and not isinstance(k, bool) for k in points):
+        # one position: found among the stored entries, no dense marks
+        point = [_int(k, "setitem", "index") for k in points]
+        for d, k in enumerate(point):
+            if not -x._shape[d] <= k < x._shape[d]:
+                raise ScorchIndexError(f"setitem: index {k} is out of range for dim {d} of size {x._shape[d]}")
+        at = torch.tensor([k % x._shape[d] for d, k in enumerate(point)], dtype=_I64)
+        hit = (coords == at[:, None]).all(0)
+        if not bool(hit.any()) and value != 0:
+            raise NotSupportedError(f"setitem: x{list(point)} is not stored, and writing {value!r} there would grow "
+                                    "the pattern in place; build a new tensor (or convert with x.to_dense())")
+        x._values[where[hit]] = value
+    else:
+        check_dense_size("setitem marks the selected positions of the dense shape, and", [x])
+        marked = torch.zeros(x._shape, dtype=torch.bool)
+        marked[key] = True
+        if scalar:
+            new = None
+        else:
+            new = torch.zeros(x._shape, dtype=x.dtype)
+            new[key] = value.to(x.dtype)
+        stored = torch.zeros(x._shape, dtype=torch.bool)
+        stored[tuple(coords)] = True
+        grows = marked & ~stored
+        if bool(grows.any()) and (value != 0 if scalar else bool((new[grows] != 0).any() | new[grows].isnan().any())):
+            raise NotSupportedError("setitem: the key selects positions the SparseTensor does not store, and the "
+                                    "value there is not 0, which would grow the pattern in place; build a new tensor "
+                                    "(or convert with x.to_dense())")
+        hit = marked[tuple(coords)]
+        x._values[where[hit]] = value if scalar else new[tuple(coords[:, hit])]   # (a format's last level
+        # is unique: no coordinate is stored twice)
+    torch.autograd.graph.increment_version(x)   # a tensor saved for backward sees the write
+
+
 # ================================================================ cat / stack
 
 def _entries(t, arg: str):
