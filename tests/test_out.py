@@ -101,3 +101,35 @@ def test_out_errors():
         torch.mm(A, y, out=torch.empty(4, 3, dtype=torch.float64))
     with torch.no_grad():
         torch.testing.assert_close(torch.mm(A, y, out=torch.empty(0, dtype=torch.float64)), X @ Y)
+
+
+ELEMENTWISE_OUT = {  # name: (f(a, b, out), the result's pattern is A's)
+    "mul scalar": (lambda a, b, **o: torch.mul(a, 2, **o), True),
+    "add same pattern": (lambda a, b, **o: torch.add(a, a, alpha=2, **o), True),
+    "abs": (lambda a, b, **o: torch.abs(a, **o), True),
+    "add scalar (dense)": (lambda a, b, **o: torch.add(a, 1, **o), False),
+    "exp (dense)": (lambda a, b, **o: torch.exp(a, **o), False),
+    "maximum of two patterns": (lambda a, b, **o: torch.maximum(a, b, **o), False),
+    "sub of two patterns": (lambda a, b, **o: torch.sub(a, b, **o), False),
+}
+
+
+@pytest.mark.parametrize("name", list(ELEMENTWISE_OUT))
+def test_elementwise_out(name):
+    """Elementwise ops with out=: a dense out takes the (densified) result; a SparseTensor out
+    takes a result in its own pattern and refuses any other (the result went into a dense copy
+    of it and was lost)."""
+    f, in_pattern = ELEMENTWISE_OUT[name]
+    A, B = scorch.as_sparse(X, "csr"), scorch.as_sparse(rnd(4, 5, seed=9), "coo")
+    want = f(X, B.to_dense())
+    out = torch.empty(0, dtype=X.dtype)
+    assert f(A, B, out=out) is out
+    torch.testing.assert_close(out, want)
+    C = A.clone()
+    if in_pattern:
+        assert f(A, B, out=C) is C
+        torch.testing.assert_close(C.to_dense(), want)
+    else:
+        with pytest.raises(NotImplementedError, match="out= is a SparseTensor"):
+            f(A, B, out=C)
+        torch.testing.assert_close(C.to_dense(), X)   # untouched

@@ -76,13 +76,27 @@ def accepts_out(fn):
     return run
 
 
-def write_out(name: str, result, out):
-    """``result`` written into ``out`` (see :func:`accepts_out`); returns ``out``."""
+def write_out(name: str, result, out, densify: bool = False):
+    """``result`` written into ``out`` (see :func:`accepts_out`); returns ``out``.  With
+    ``densify`` (an elementwise op), a sparse result goes into a dense ``out`` densified, and a
+    SparseTensor ``out`` takes a sparse result in its own pattern (``torch.mul(A, 2, out=A)``)."""
     if isinstance(result, tuple):
         if not isinstance(out, (tuple, list)) or len(out) != len(result):
             raise ScorchTypeError(f"{name}: out= must be a tuple of {len(result)} tensors, got {type(out).__name__}")
         written = tuple(write_out(name, r, o) for r, o in zip(result, out))
         return written if type(result) is tuple else type(result)(written)
+    if densify and isinstance(out, SparseTensor):
+        if not (isinstance(result, SparseTensor) and _same_pattern(result, out)):
+            raise NotSupportedError(f"{name}: out= is a SparseTensor, and this result is not in its pattern "
+                                    f"({'another pattern' if isinstance(result, SparseTensor) else 'dense'}); "
+                                    "use the returned tensor")
+        if result.dtype != out.dtype:
+            raise ScorchValueError(f"{name}: out= has dtype {out.dtype}, the result has {result.dtype}")
+        out._values.copy_(result._values)
+        torch.autograd.graph.increment_version(out)
+        return out
+    if densify and isinstance(result, SparseTensor):
+        result = result.to_dense()
     if isinstance(result, SparseTensor) or isinstance(out, SparseTensor):
         raise NotSupportedError(f"{name}: out= needs a dense result and a dense out tensor; here "
                                 f"{'the result' if isinstance(result, SparseTensor) else 'out'} is a SparseTensor "
@@ -201,7 +215,13 @@ def broadcast_shapes(*shapes) -> tuple:
 
 def densified(func, args, kwargs):
     """``func`` on dense copies of the SparseTensor arguments -- and of any ``torch.sparse`` one
-    beside them (the result is dense)."""
+    beside them (the result is dense).  An ``out=`` SparseTensor raises: the result would go into
+    its dense copy and be lost."""
+    out = kwargs.get("out")
+    if isinstance(out, SparseTensor) or (isinstance(out, (tuple, list)) and any(isinstance(o, SparseTensor) for o in out)):
+        name = getattr(func, "__name__", None) or str(func)
+        raise NotSupportedError(f"{name}: out= is a SparseTensor, but this result is computed densely; "
+                                "use the returned tensor")
     args, kwargs = _map(_to_dense, args, _is_any_sparse), _map(_to_dense, kwargs, _is_any_sparse)
     return func(*args, **kwargs)
 
@@ -359,3 +379,8 @@ def _aten_copy(dst, src, non_blocking=False):
     if not isinstance(dst, SparseTensor):
         return dst.copy_(src.to_dense() if isinstance(src, SparseTensor) else src)
     return dst.copy_(src)
+
+
+def _same_pattern(a: SparseTensor, b: SparseTensor) -> bool:
+    from .ops._pattern import same_pattern   # the ops build on this module
+    return same_pattern(a, b)

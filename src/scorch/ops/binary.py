@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .._dispatch import as_torch_runs, broadcast_shapes, check_dense_size, densified, implements
+from .._dispatch import as_torch_runs, broadcast_shapes, check_dense_size, densified, implements, write_out
 from ..compiler import driver
 from ..compiler.notation import Access, Op
 from ..interop import from_torch
@@ -90,10 +90,12 @@ class _Elementwise(torch.autograd.Function):
 
 
 def _op(op: str, func):
-    """The implementation of ``func(a, b, ...)`` (``alpha=`` scales b; ``out=`` / ``rounding_mode=``
-    are dense by nature)."""
-    def impl(a, b, *, alpha=1, **kw):
-        if kw.get("out") is not None or kw.get("rounding_mode") is not None:
+    """The implementation of ``func(a, b, ...)`` (``alpha=`` scales b; ``rounding_mode=`` is dense
+    by nature; ``out=`` gets the result as torch writes one, :func:`scorch._dispatch.write_out`)."""
+    def impl(a, b, *, alpha=1, out=None, **kw):
+        if out is not None:
+            return write_out(func.__name__, impl(a, b, alpha=alpha, **kw), out, densify=True)
+        if kw.get("rounding_mode") is not None:
             return densified(func, (a, b), dict(kw, **({"alpha": alpha} if alpha != 1 else {})))
         if alpha != 1:
             b = b * alpha

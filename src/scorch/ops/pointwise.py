@@ -23,7 +23,7 @@ import math
 import torch
 
 from .._dispatch import (broadcast_shapes, check_dense_size, dense_fallback, densified, implements, implements_aten,
-                         leaves, map_sparse, register_pointwise)
+                         leaves, map_sparse, register_pointwise, write_out)
 from ..convert import coords_of
 from ..interop import torch_sparse_as_ours
 from ..errors import InternalError, NotSupportedError, ScorchValueError
@@ -99,6 +99,10 @@ def pointwise(func, args, kwargs):
            for a in flat):   # beside a SparseTensor, a torch.sparse tensor counts as one
         args, kwargs = torch_sparse_as_ours(args, kwargs)
         flat = leaves(args, kwargs)
+    if mutable and "out" in kwargs:   # an out= overload: the op, then its result written into out
+        kw = dict(kwargs)
+        out = kw.pop("out")
+        return write_out(func.overloadpacket.__name__, func.overloadpacket(*args, **kw), out, densify=True)
     if mutable and not isinstance(args[0], SparseTensor):
         return _into_dense(func, args, kwargs)
     sparse = [a for a in flat if isinstance(a, SparseTensor)]
