@@ -918,3 +918,29 @@ def test_setitem_after_saving_for_backward_is_detected():
     A[0, 0] = 5.0
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.backward()
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (3, 3, 3)], ids=str)
+def test_fill_diagonal_(shape, wrap):
+    """fill_diagonal_ writes the stored diagonal positions (it wrote into a copy: lost); a nonzero
+    value on an absent diagonal position raises; oracle: the dense fill_diagonal_."""
+    x = sample(shape, density=0.6) + 0.0
+    for d in range(min(shape)):
+        x[(d,) * len(shape)] = 1.0 + d   # a stored diagonal
+    for fmt in ("csr", "coo", "csf", "ell"):
+        if fmt in ("csr", "ell") and len(shape) > 2:
+            continue
+        A, y = scorch.as_sparse(x, fmt), x.clone()
+        y.fill_diagonal_(-4.0, wrap=wrap)
+        if torch.equal(y != 0, x != 0):
+            assert A.fill_diagonal_(-4.0, wrap=wrap) is A
+            check(A, y)
+        else:   # the wrapped diagonal reaches an absent position
+            with pytest.raises(NotSupportedError, match="grow"):
+                A.fill_diagonal_(-4.0, wrap=wrap)
+    E = scorch.as_sparse(torch.zeros(shape, dtype=torch.float64), "coo")
+    with pytest.raises(NotSupportedError, match="grow"):
+        E.fill_diagonal_(1.0)
+    E.fill_diagonal_(0.0)   # zeros land anywhere
+    assert E.nnz == 0

@@ -483,3 +483,20 @@ def test_torch_compile_over_a_sparse_tensor_says_what_to_do():
         torch.compile(lambda a, y: (a @ y).sum(), backend="eager")(A, x)
     head = torch.compile(lambda h: h.relu().sum(), backend="eager")
     torch.testing.assert_close(head(A @ x), (2 * x).relu().sum())
+
+
+def test_set_data_takes_another_sparse_tensor(x):
+    """``param.data = new`` (pruning code) replaces the storage by a SparseTensor of the same shape
+    and dtype (pattern and format included); anything else raises (it was silently ignored)."""
+    A = scorch.as_sparse(x, "csr")
+    B = scorch.as_sparse(x * 2, "coo")
+    A.data = B
+    assert A.format == B.format and torch.equal(A.to_dense(), x * 2)
+    P = torch.nn.Parameter(scorch.as_sparse(x, "csr"))
+    P.data = scorch.as_sparse(x * 3, "csr")
+    (P * 1).sum().backward()
+    assert torch.equal(P.to_dense().detach(), x * 3) and torch.equal(P.grad.to_dense(), (x != 0).to(x.dtype))
+    with pytest.raises(NotImplementedError, match="data"):
+        A.data = x
+    with pytest.raises(NotImplementedError, match="data"):
+        A.data = scorch.as_sparse(x.double(), "csr")

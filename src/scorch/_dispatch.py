@@ -314,6 +314,20 @@ for _name in ("tolist", "_nnz", "sparse_dim", "dense_dim", "crow_indices", "col_
 
 # A SparseTensor's buffers are its index arrays and values; the wrapper has no storage of its
 # own, and torch's storage methods on it crash the process (share_memory_, a storage's copy_).
+@implements(torch.Tensor.data.__set__)   # x.data = y
+def _set_data(self, new):
+    """``x.data = y``: a SparseTensor takes another SparseTensor's storage (its pattern too), of
+    the same shape and dtype (the wrapper's own sizes and dtype are fixed); anything else raises
+    (it was ignored)."""
+    if not isinstance(self, SparseTensor):
+        return as_torch_runs(torch.Tensor.data.__set__, self, new)
+    if not isinstance(new, SparseTensor) or new.shape != self.shape or new.dtype != self.dtype:
+        got = f"{type(new).__name__} {tuple(getattr(new, 'shape', ()))} {getattr(new, 'dtype', '')}"
+        raise NotSupportedError(f"x.data = y: a SparseTensor's data can be replaced by a SparseTensor of its shape "
+                                f"{tuple(self.shape)} and dtype {self.dtype}, got {got}; use copy_ (which converts)")
+    self._become(new.detach())
+
+
 @implements(torch.Tensor.share_memory_)
 def _share_memory_(self):
     for t in (*self._pos, *self._crd, self._values):

@@ -574,6 +574,26 @@ def setitem(x, key, value):
     torch.autograd.graph.increment_version(x)   # a tensor saved for backward sees the write
 
 
+@implements(torch.Tensor.fill_diagonal_)
+def fill_diagonal_(x, fill_value, wrap=False):
+    """``x.fill_diagonal_(v)``: the positions (i, i, ...) take ``v`` through :func:`setitem` (a
+    stored position takes it; an absent one only 0).  (Its torch form writes into a diagonal
+    view, which for a SparseTensor is a copy: the write was lost.)"""
+    if not isinstance(x, SparseTensor):
+        return _dense_call(torch.Tensor.fill_diagonal_, x, fill_value, wrap)
+    n = x.dim()
+    if n < 2 or (n > 2 and len(set(x._shape)) != 1):
+        raise ScorchValueError(f"fill_diagonal_: needs 2 dims, or more of equal size, got shape {tuple(x.shape)}")
+    if n == 2 and wrap and x._shape[0] > x._shape[1]:   # tall: the diagonal starts again below a blank row
+        rows, cols = x._shape
+        flat = torch.arange(0, rows * cols, cols + 1, dtype=_I64)
+        key = (flat // cols, flat % cols)
+    else:
+        key = (torch.arange(min(x._shape), dtype=_I64),) * n
+    setitem(x, key, fill_value)
+    return x
+
+
 # ================================================================ cat / stack
 
 def _entries(t, arg: str):
