@@ -944,3 +944,19 @@ def test_fill_diagonal_(shape, wrap):
         E.fill_diagonal_(1.0)
     E.fill_diagonal_(0.0)   # zeros land anywhere
     assert E.nnz == 0
+
+
+def test_in_place_triangles_and_copy_of_a_number():
+    x = sample((4, 5), density=0.7)
+    for fmt in ("csr", "coo", "ell"):
+        A, y = scorch.as_sparse(x, fmt), x.clone()
+        assert A.tril_(1) is A and A.triu_(-1) is A
+        check(A, y.tril_(1).triu_(-1))
+        assert A.nnz == int((y != 0).sum())   # the removed entries left the pattern
+        A.copy_(0.0)
+        check(A, torch.zeros_like(x))
+        A.copy_(2.5)   # a number fills every position
+        check(A, torch.full_like(x, 2.5))
+    B = scorch.as_sparse(x, "csr").requires_grad_()
+    with pytest.raises(NotSupportedError, match="autograd"):
+        B.tril_()

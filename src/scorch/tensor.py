@@ -475,6 +475,8 @@ class SparseTensor(torch.Tensor):
     def copy_(self, src, non_blocking: bool = False) -> "SparseTensor":
         """Take ``src``'s entries (its pattern too), in this tensor's format and dtype."""
         from .interop import as_sparse
+        if not isinstance(src, torch.Tensor):   # a number: every position takes it (stored when not 0)
+            src = torch.as_tensor(src, dtype=self.dtype).expand(self.shape)
         if tuple(src.shape) != tuple(self.shape):
             raise ScorchValueError(f"copy_: src has shape {tuple(src.shape)}, expected {tuple(self.shape)}")
         s = as_sparse(src, self._format, index_dtype=self.index_dtype)

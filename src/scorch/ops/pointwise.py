@@ -213,7 +213,11 @@ def _in_place_with_dense(func, args, kwargs, x: SparseTensor):
                 and broadcast_shapes(a.shape, x.shape) != tuple(x.shape):
             raise NotSupportedError(f"{name}: in place on a SparseTensor of shape {tuple(x.shape)} needs dense "
                                     f"operands broadcastable to it, got shape {tuple(a.shape)}")
-    if not _absent_stay_zero(func, args, kwargs, x):
+    stays = _absent_stay_zero(func, args, kwargs, x)
+    if stays is None:
+        raise NotSupportedError(f"{name}: in place on a SparseTensor with dense operands is not supported for this "
+                                "op; use the out-of-place op")
+    if not stays:
         raise NotSupportedError(f"{name}: in place on a SparseTensor, this op with these dense operands makes "
                                 "entries the SparseTensor does not store nonzero, and an in-place op cannot add "
                                 "them to its pattern; use the out-of-place op")
@@ -231,16 +235,19 @@ def _in_place_with_dense(func, args, kwargs, x: SparseTensor):
     return x
 
 
-def _absent_stay_zero(func, args, kwargs, x: SparseTensor) -> bool:
+def _absent_stay_zero(func, args, kwargs, x: SparseTensor) -> bool | None:
     """Whether the out-of-place form of in-place ``func`` gives 0 (not NaN) wherever ``x`` (and
     so every SparseTensor operand, of its pattern) stores nothing: evaluated with the sparse
-    operands as zeros against the dense ones -- as much work as the dense operands hold."""
+    operands as zeros against the dense ones -- as much work as the dense operands hold.  None
+    when there is no out-of-place form to ask."""
     packet = getattr(torch.ops.aten, func.overloadpacket.__name__[:-1], None)
-    op = getattr(packet, func._overloadname, None) if packet is not None else None
-    if op is None:
-        return False
+    if packet is None:
+        return None
     zargs, zkwargs = map_sparse(_zero_of, args, kwargs)
-    z = op(*zargs, **zkwargs)
+    try:   # the packet picks the overload (an in-place op's overload names need not match)
+        z = packet(*zargs, **zkwargs)
+    except (RuntimeError, TypeError):
+        return None
     bad = (z != 0) | torch.isnan(z)   # the dense operands' shape: broadcast, each counts that often
     total = int(bad.sum()) * (math.prod(x._shape) // max(bad.numel(), 1))
     return total == int(project(bad.expand(x.shape), x).sum())   # every such position stored

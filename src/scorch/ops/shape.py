@@ -703,6 +703,29 @@ def triu(input, diagonal=0, *, out=None):
     return _triangle(input, diagonal, out, lower=False)
 
 
+@implements(torch.Tensor.tril_)
+def tril_(input, diagonal=0):
+    """In place: the entries above the diagonal leave the pattern (the storage is rebuilt)."""
+    return _triangle_(input, diagonal, lower=True)
+
+
+@implements(torch.Tensor.triu_)
+def triu_(input, diagonal=0):
+    return _triangle_(input, diagonal, lower=False)
+
+
+def _triangle_(x, diagonal, lower: bool):
+    op = "tril_" if lower else "triu_"
+    if not isinstance(x, SparseTensor):
+        return _dense_call(getattr(torch.Tensor, op), x, diagonal)
+    if torch.is_grad_enabled() and x.requires_grad:
+        raise NotSupportedError(f"{op}: rebuilding a SparseTensor that requires grad in place is not recorded by "
+                                f"autograd; use the out-of-place {op[:-1]}")
+    x._become(_triangle(x, diagonal, None, lower))
+    torch.autograd.graph.increment_version(x)
+    return x
+
+
 def _triangle(x, diagonal, out, lower: bool):
     op = "tril" if lower else "triu"
     if out is not None:
