@@ -500,3 +500,12 @@ def test_set_data_takes_another_sparse_tensor(x):
         A.data = x
     with pytest.raises(NotImplementedError, match="data"):
         A.data = scorch.as_sparse(x.double(), "csr")
+
+
+def test_data_ptr_raises_as_torch_sparse_does(x):
+    """The wrapper's pointer was 0: every SparseTensor seemed to alias every other."""
+    A = scorch.as_sparse(x, "csr")
+    for name in ("data_ptr", "const_data_ptr"):
+        with pytest.raises(TypeError, match="no dense buffer"):
+            getattr(A, name)()
+    assert A.values().data_ptr() != 0 and x.data_ptr() != 0   # the arrays, and dense tensors, as before

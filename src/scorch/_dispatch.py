@@ -354,6 +354,17 @@ def _no_storage(self, *args, **kwargs):
                           "parts only, with no SparseTensor among their inputs or module attributes)")
 
 
+@implements(*[getattr(torch.Tensor, n) for n in ("data_ptr", "const_data_ptr", "mutable_data_ptr")
+              if hasattr(torch.Tensor, n)])
+def _no_data_ptr(self, *args, **kwargs):
+    """A SparseTensor has no dense buffer: its wrapper's pointer is 0 (every SparseTensor would
+    seem to alias every other, and C given it would read address 0).  As torch.sparse's, it raises."""
+    if not isinstance(self, SparseTensor):
+        return as_torch_runs(torch.Tensor.data_ptr, self, *args, **kwargs)
+    raise ScorchTypeError("data_ptr(): a SparseTensor has no dense buffer; its arrays are x.values(), x.pos(level) "
+                          "and x.crd(level) (each has a data_ptr), or use x.to_dense()")
+
+
 @implements(torch.Tensor.apply_)
 def _apply_(self, callable):
     """``fn`` on each stored value, in place (as every in-place op: the pattern stays)."""
