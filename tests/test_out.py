@@ -111,6 +111,8 @@ ELEMENTWISE_OUT = {  # name: (f(a, b, out), the result's pattern is A's)
     "exp (dense)": (lambda a, b, **o: torch.exp(a, **o), False),
     "maximum of two patterns": (lambda a, b, **o: torch.maximum(a, b, **o), False),
     "sub of two patterns": (lambda a, b, **o: torch.sub(a, b, **o), False),
+    "where (an untagged out= overload)": (lambda a, b, **o: torch.where(a > 0, a, b, **o), False),
+    "clamp": (lambda a, b, **o: torch.clamp(a, -0.5, 0.5, **o), True),
 }
 
 
@@ -123,7 +125,9 @@ def test_elementwise_out(name):
     A, B = scorch.as_sparse(X, "csr"), scorch.as_sparse(rnd(4, 5, seed=9), "coo")
     want = f(X, B.to_dense())
     out = torch.empty(0, dtype=X.dtype)
-    assert f(A, B, out=out) is out
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no dense fallback
+        assert f(A, B, out=out) is out
     torch.testing.assert_close(out, want)
     C = A.clone()
     if in_pattern:

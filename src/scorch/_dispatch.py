@@ -164,8 +164,13 @@ _UNTAGGED = {"floor_divide", "floor_divide_"}   # elementwise, but aten leaves t
 
 def _in_place_pointwise(func) -> bool:
     """An in-place op whose out-of-place form is tagged pointwise (aten leaves the tag off a few,
-    ``abs_`` and ``threshold_`` among them), or an untagged elementwise op (``floor_divide``)."""
+    ``abs_`` and ``threshold_`` among them), an ``out=`` overload of a pointwise op
+    (``where.self_out``), or an untagged elementwise op (``floor_divide``)."""
     found = _IN_PLACE.get(func)
+    if found is None and func._overloadname.endswith("out") and "out" in [a.name for a in func._schema.arguments]:
+        packet = func.overloadpacket
+        found = _IN_PLACE[func] = any(torch.Tag.pointwise in getattr(packet, ov).tags for ov in packet.overloads()
+                                      if not ov.endswith("out"))
     if found is None:
         name = func.overloadpacket.__name__
         if name in _UNTAGGED and func._overloadname in ("default", "Scalar", "Tensor"):
