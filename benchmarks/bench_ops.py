@@ -47,7 +47,7 @@ def main():
         A = A.with_values(torch.rand(A.nnz, generator=gen))
         # a second matrix with another pattern: the same graph with its node ids shuffled
         perm = torch.randperm(g.num_nodes, generator=gen)
-        B = scorch.sparse_coo(perm[g.edge_index], torch.rand(g.edge_index.shape[1], generator=gen),
+        B = scorch.from_coo(perm[g.edge_index], torch.rand(g.edge_index.shape[1], generator=gen),
                               (g.num_nodes, g.num_nodes), format="csr")
         Acoo, Bcoo, Acsr = A.to_torch().to_sparse_coo().coalesce(), B.to_torch().to_sparse_coo().coalesce(), A.to_torch()
 

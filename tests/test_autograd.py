@@ -130,7 +130,7 @@ def test_gcn_trains_on_cora(data_dir):
     ei = torch.cat([ei, torch.arange(n).repeat(2, 1)], 1)  # self-loops
     deg = torch.bincount(ei[0], minlength=n).float()
     w = deg[ei[0]].rsqrt() * deg[ei[1]].rsqrt()
-    A = scorch.sparse_coo(ei, w, (n, n), format="csr")
+    A = scorch.from_coo(ei, w, (n, n), format="csr")
     import scipy.sparse as sp
     feats = sp.csr_array((z["x_data"], z["x_indices"], z["x_indptr"]), shape=tuple(z["x_shape"]))
     X = torch.from_numpy(feats.toarray().astype(np.float32))

@@ -11,7 +11,8 @@ import scorch
 
 
 @pytest.mark.parametrize("name", ["float32", "int64", "Tensor", "randn", "zeros", "stack", "optim",
-                                  "sparse", "autograd", "no_grad", "Size", "manual_seed", "cat", "linalg"])
+                                  "sparse", "autograd", "no_grad", "Size", "manual_seed", "cat", "linalg",
+                                  "tensor", "ops", "compiler"])   # (scorch has submodules of these names)
 def test_torch_names_pass_through(name):
     assert getattr(scorch, name) is getattr(torch, name)
 
@@ -69,3 +70,20 @@ print("ok")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_every_torch_name_scorch_does_not_mean_to_change_is_torchs():
+    """`import scorch as torch; torch.tensor([1, 2])` called scorch's `tensor` module: a submodule
+    named like a torch name hid it.  Every public torch name is torch's object here unless scorch
+    overrides it on purpose (its functions on sparse operands, nn with its sparse layers)."""
+    on_purpose = {"nn", "einsum", "matmul"}
+    from scorch._alias import _TorchAlias
+    for name in dir(torch):
+        if name.startswith("_") or name in on_purpose:
+            continue
+        ours = getattr(scorch, name)
+        if isinstance(ours, _TorchAlias):   # `import scorch.optim` ran first: its forwarding module
+            ours = ours.__dict__["_target"]
+        assert ours is getattr(torch, name), (name, ours)
+    assert scorch.tensor([1, 2]).tolist() == [1, 2]
+    assert scorch.sparse_coo is torch.sparse_coo   # the layout (scorch's COO builder is scorch.from_coo)

@@ -644,7 +644,7 @@ def test_sparse_coo_sums_duplicates(parts):
     idx, vals, shape = parts
     expected = coo_oracle(idx, vals, shape)
     for f in preset_names(len(shape)) + user_formats(len(shape)):
-        A = scorch.sparse_coo(idx, vals, shape, format=f)
+        A = scorch.from_coo(idx, vals, shape, format=f)
         assert A.format == resolve(f, len(shape))
         assert A.shape == torch.Size(shape) and A.dtype == vals.dtype
         assert_dense_equal(A.to_dense(), expected)
@@ -658,7 +658,7 @@ def test_sparse_coo_blocked(parts, data):
     bw = data.draw(st.sampled_from([d for d in range(1, 4) if shape[1] % d == 0]))
     expected = coo_oracle(idx, vals, shape)
     for f in (scorch.formats.bsr(bh, bw), scorch.formats.bsc(bh, bw)):
-        assert_dense_equal(scorch.sparse_coo(idx, vals, shape, format=f).to_dense(), expected)
+        assert_dense_equal(scorch.from_coo(idx, vals, shape, format=f).to_dense(), expected)
 
 
 @MEDIUM
@@ -670,11 +670,11 @@ def test_sparse_coo_random_format_and_inputs(parts, data):
     # indices as int32 tensor, numpy array or nested lists; values as numpy
     lists = [idx.tolist()] if idx.shape[1] else []  # (empty lists: see test_sparse_coo_empty_lists)
     for ind in [idx, idx.to(torch.int32), idx.numpy()] + lists:
-        A = scorch.sparse_coo(ind, vals.numpy() if isinstance(ind, np.ndarray) else vals, shape, format=f)
+        A = scorch.from_coo(ind, vals.numpy() if isinstance(ind, np.ndarray) else vals, shape, format=f)
         assert_dense_equal(A.to_dense(), expected)
     if idx.shape[1]:
         inferred = tuple(int(m) + 1 for m in idx.max(1).values)
-        B = scorch.sparse_coo(idx, vals, format=f)
+        B = scorch.from_coo(idx, vals, format=f)
         assert B.shape == torch.Size(inferred)
         assert_dense_equal(B.to_dense(), coo_oracle(idx, vals, inferred))
 
@@ -683,7 +683,7 @@ def test_sparse_coo_random_format_and_inputs(parts, data):
 def test_sparse_coo_empty_lists(ndim):
     # torch.sparse_coo_tensor([[], []], [], (2, 3)) is an empty tensor; so should this be
     shape = (2, 3, 4)[:ndim]
-    A = scorch.sparse_coo([[] for _ in range(ndim)], [], shape, format="csr")
+    A = scorch.from_coo([[] for _ in range(ndim)], [], shape, format="csr")
     assert A.shape == torch.Size(shape) and A.nnz == 0
     assert torch.equal(A.to_dense(), torch.zeros(shape, dtype=A.dtype))
 
@@ -692,7 +692,7 @@ def test_sparse_coo_empty_lists(ndim):
 @given(parts=coo_parts())
 def test_sparse_coo_scalar_value(parts):
     idx, _, shape = parts
-    A = scorch.sparse_coo(idx, 2.0, shape, format="csr")
+    A = scorch.from_coo(idx, 2.0, shape, format="csr")
     expected = coo_oracle(idx, torch.full((idx.shape[1],), 2.0, dtype=torch.float64), shape)
     assert A.dtype == expected.dtype or A.dtype == torch.float32
     assert torch.equal(A.to_dense().to(expected.dtype), expected)
@@ -764,7 +764,7 @@ def test_index_dtype_int64_from_torch_and_scipy(case):
 def test_index_dtype_sparse_coo(parts):
     idx, vals, shape = parts
     for f in ("coo", "csr", "ell"):
-        A = scorch.sparse_coo(idx, vals, shape, format=f, index_dtype=torch.int64)
+        A = scorch.from_coo(idx, vals, shape, format=f, index_dtype=torch.int64)
         assert A.index_dtype == torch.int64 and all(t.dtype == torch.int64 for t in index_arrays(A))
         assert_dense_equal(A.to_dense(), coo_oracle(idx, vals, shape))
 
@@ -802,10 +802,10 @@ def test_to_csr_owns_its_arrays(ndim, index):
     idx = torch.stack(torch.unravel_index(flat, shape))
     vals = torch.randn(20, generator=g, dtype=torch.float64)
     want = torch.zeros(shape, dtype=torch.float64).index_put_(tuple(idx), vals)
-    csr = scorch.sparse_coo(idx, vals, shape, format="csr", index_dtype=index)
+    csr = scorch.from_coo(idx, vals, shape, format="csr", index_dtype=index)
     vals.mul_(3)
     torch.testing.assert_close(csr.to_dense(), want)
-    coo = scorch.sparse_coo(idx, vals, shape)
+    coo = scorch.from_coo(idx, vals, shape)
     csr2 = coo.asformat("csr")
     csr2.values().mul_(2)
     torch.testing.assert_close(coo.to_dense(), 3 * want)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import scorch
-import scorch.ops.shape  # noqa: F401  (registers the shape ops in the dispatch table)
+from scorch.ops import shape as shape_ops  # (scorch.ops is torch.ops: the package's name for it is torch's)
 from scorch import Format, NotSupportedError, ScorchTypeError, ScorchValueError, SparseTensor, compressed, dense
 from scorch.ops.rearrange import Pattern, parse_pattern, rearrange
 from scorch.ops.shape import result_format
@@ -257,7 +257,7 @@ def test_index_dtype_is_kept_and_widened_only_when_needed():
     assert scorch.as_sparse(x, "csr", index_dtype=torch.int64).reshape(-1).index_dtype == torch.int64
     assert scorch.as_sparse(x, "csr", index_dtype=torch.int32).reshape(-1).index_dtype == torch.int32
     n = 2**16  # a 2**16 x 2**16 tensor flattens to coordinates beyond int32: never densified
-    A = scorch.sparse_coo([[1, n - 1], [2, n - 1]], [1.0, 2.0], (n, n), format="csr")
+    A = scorch.from_coo([[1, n - 1], [2, n - 1]], [1.0, 2.0], (n, n), format="csr")
     assert A.index_dtype == torch.int32
     B = A.reshape(-1)
     assert B.shape == (n * n,) and B.index_dtype == torch.int64
@@ -295,9 +295,9 @@ def test_bad_dims_and_shape_types():
     with pytest.raises(TypeError):  # torch's argument parser rejects this before dispatch
         A.reshape(3.0, 3)
     with pytest.raises(ScorchTypeError, match="shape must be an int, got float"):
-        scorch.ops.shape.reshape(A, (3.0, 3))
+        shape_ops.reshape(A, (3.0, 3))
     with pytest.raises(ScorchTypeError, match="got bool"):
-        scorch.ops.shape.reshape(A, (True, 9))
+        shape_ops.reshape(A, (True, 9))
 
 
 # ================================================================ index_select / indexing
@@ -512,7 +512,7 @@ def test_dense_input_with_a_sparse_index_runs_densely():
 
 def test_cat_of_nothing():
     with pytest.raises(ScorchValueError, match="non-empty"):
-        scorch.ops.shape.cat([])
+        shape_ops.cat([])
 
 
 # ================================================================ rearrange: the parser

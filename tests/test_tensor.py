@@ -115,17 +115,17 @@ def test_bsr_stores_whole_blocks():
 # ------------------------------------------------------------------ bad input
 
 @pytest.mark.parametrize("call,exc,match", [
-    (lambda: scorch.sparse_coo([[0, 3]], [1., 2.], (3,)), ValueError, "dim 0 has index 3, out of range for size 3"),
-    (lambda: scorch.sparse_coo([[0, -1]], [1., 2.], (3,)), ValueError, "negative index -1"),
-    (lambda: scorch.sparse_coo([[0, 1]], [1., 2.], (3, 3)), ValueError, "indices has 1 rows, expected one per dim"),
-    (lambda: scorch.sparse_coo([[0, 1], [0, 1]], [1.], (3, 3)), ValueError, "2 columns .* values has 1 entries"),
-    (lambda: scorch.sparse_coo([[0., 1.]], [1., 2.], (3,)), TypeError, "integer tensor, got dtype torch.float"),
-    (lambda: scorch.sparse_coo([[0., float("nan")]], [1., 2.], (3,)), ValueError, "NaN"),
-    (lambda: scorch.sparse_coo([0, 1], [1., 2.], (3,)), ValueError, "must be 2-d"),
-    (lambda: scorch.sparse_coo([[0, 1]], [[1., 2.]], (3,)), ValueError, "values must be 1-d"),
-    (lambda: scorch.sparse_coo(torch.zeros(1, 0, dtype=torch.long), [], None), ValueError, "shape is required"),
-    (lambda: scorch.sparse_coo([[0]], [1.], (-1,)), ValueError, "negative sizes"),
-    (lambda: scorch.sparse_coo([[0]], [1.], ()), ValueError, "0-d"),
+    (lambda: scorch.from_coo([[0, 3]], [1., 2.], (3,)), ValueError, "dim 0 has index 3, out of range for size 3"),
+    (lambda: scorch.from_coo([[0, -1]], [1., 2.], (3,)), ValueError, "negative index -1"),
+    (lambda: scorch.from_coo([[0, 1]], [1., 2.], (3, 3)), ValueError, "indices has 1 rows, expected one per dim"),
+    (lambda: scorch.from_coo([[0, 1], [0, 1]], [1.], (3, 3)), ValueError, "2 columns .* values has 1 entries"),
+    (lambda: scorch.from_coo([[0., 1.]], [1., 2.], (3,)), TypeError, "integer tensor, got dtype torch.float"),
+    (lambda: scorch.from_coo([[0., float("nan")]], [1., 2.], (3,)), ValueError, "NaN"),
+    (lambda: scorch.from_coo([0, 1], [1., 2.], (3,)), ValueError, "must be 2-d"),
+    (lambda: scorch.from_coo([[0, 1]], [[1., 2.]], (3,)), ValueError, "values must be 1-d"),
+    (lambda: scorch.from_coo(torch.zeros(1, 0, dtype=torch.long), [], None), ValueError, "shape is required"),
+    (lambda: scorch.from_coo([[0]], [1.], (-1,)), ValueError, "negative sizes"),
+    (lambda: scorch.from_coo([[0]], [1.], ()), ValueError, "0-d"),
     (lambda: scorch.as_sparse(torch.tensor(1.)), ValueError, "0-d"),
     (lambda: scorch.as_sparse(torch.ones(2, 2), "blah"), ValueError, "unknown format name 'blah'"),
     (lambda: scorch.as_sparse(torch.ones(3, 4), scorch.formats.bsr(2, 2)), ValueError, "does not divide shape"),
@@ -160,8 +160,8 @@ def test_unsorted_torch_csr_is_sorted_and_summed():
 
 def test_int32_cannot_hold_huge_tensor():
     with pytest.raises(ValueError, match="int32 cannot hold"):
-        scorch.sparse_coo([[0], [0]], [1.], (2**31, 2), index_dtype=torch.int32)
-    A = scorch.sparse_coo([[2**31 + 5], [1]], [1.], (2**32, 2), format="csc")
+        scorch.from_coo([[0], [0]], [1.], (2**31, 2), index_dtype=torch.int32)
+    A = scorch.from_coo([[2**31 + 5], [1]], [1.], (2**32, 2), format="csc")
     assert A.index_dtype == torch.int64 and A.coo()[0].tolist() == [[2**31 + 5], [1]]
 
 
@@ -176,7 +176,7 @@ def test_empty_and_degenerate_shapes():
 
 
 def test_sparse_coo_sums_duplicates_and_accepts_numpy():
-    A = scorch.sparse_coo(np.array([[1, 0, 1], [2, 2, 2]]), np.array([1., 2., 3.]), format="csr")
+    A = scorch.from_coo(np.array([[1, 0, 1], [2, 2, 2]]), np.array([1., 2., 3.]), format="csr")
     assert A.shape == (2, 3)
     assert torch.equal(A.to_dense(), torch.tensor([[0., 0, 2], [0, 0, 4]]))
     assert A.nnz == 2

@@ -15,7 +15,7 @@ from . import _alias, config, formats
 from ._version import __version__
 from .errors import InternalError, NotSupportedError, ScorchError, ScorchTypeError, ScorchValueError
 from .format import Format, Level, compressed, dense, padded, singleton
-from .interop import as_sparse, is_sparse, sparse_coo
+from .interop import as_sparse, is_sparse, from_coo
 from .tensor import SparseTensor
 from . import _dispatch  # noqa: F401  (registers the dispatch table)
 from .ops import einsum, explain, matmul, rearrange
@@ -23,9 +23,19 @@ from . import nn  # noqa: E402
 
 _alias.install()
 
+# scorch's own public submodules named like torch's names (tensor, ops, compiler): importing them bound
+# them as attributes of this package, hiding torch's -- `import scorch as torch; torch.tensor([1])`
+# called a module.  The package's attributes are torch's; the submodules stay importable by their
+# full names (``from scorch.compiler import build``).
+for _name, _obj in list(globals().items()):
+    if (type(_obj).__name__ == "module" and _obj.__name__ == f"{__name__}.{_name}" and _name != "nn"
+            and not _name.startswith("_") and hasattr(_torch, _name)):
+        globals()[_name] = getattr(_torch, _name)
+del _name, _obj
+
 __all__ = [
     "SparseTensor", "Format", "Level", "dense", "compressed", "singleton", "padded", "formats",
-    "as_sparse", "sparse_coo", "is_sparse", "einsum", "explain", "matmul", "rearrange", "config", "nn",
+    "as_sparse", "from_coo", "is_sparse", "einsum", "explain", "matmul", "rearrange", "config", "nn",
     "ScorchError", "ScorchValueError", "ScorchTypeError", "NotSupportedError", "InternalError",
     "__version__",
 ]

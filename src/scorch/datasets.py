@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from .errors import ScorchValueError
-from .interop import sparse_coo
+from .interop import from_coo
 from .tensor import SparseTensor
 
 __all__ = ["GRAPH_SIZES", "Graph", "attention_mask", "graph_like", "load_graph", "load_matrix_market",
@@ -40,7 +40,7 @@ class Graph:
     def adjacency(self, format="csr", dtype=torch.float32) -> SparseTensor:
         """The 0/1 adjacency matrix (num_nodes x num_nodes)."""
         ones = torch.ones(self.edge_index.shape[1], dtype=dtype)
-        return sparse_coo(self.edge_index, ones, (self.num_nodes, self.num_nodes), format=format)
+        return from_coo(self.edge_index, ones, (self.num_nodes, self.num_nodes), format=format)
 
     def features(self, dtype=torch.float32) -> SparseTensor | None:
         """The node features stored with the graph (``x_indptr`` / ``x_indices`` / ``x_data`` /
@@ -270,7 +270,7 @@ def load_matrix_market(path: str | os.PathLike, format="csr", *, dtype: torch.dt
         r, c, v = _mm_parse(path, field_, symmetry, size)
     want = dtype or (torch.int64 if field_ == "integer" else torch.float64)
     vals = torch.from_numpy(np.ascontiguousarray(v)).to(want)
-    return sparse_coo(torch.from_numpy(np.stack([r, c])), vals, size[:2], format=format)
+    return from_coo(torch.from_numpy(np.stack([r, c])), vals, size[:2], format=format)
 
 
 def save_matrix_market(A, path: str | os.PathLike, *, comment: str | None = None) -> None:
@@ -433,7 +433,7 @@ def attention_mask(seq_len: int, kind: str = "window", *, window: int = 128, glo
         ok = (ti < L) & (tj < L)
         keys.append(ti[ok] * L + tj[ok])
     key = torch.unique(torch.cat(keys))
-    return sparse_coo(torch.stack([key // L, key % L]), torch.ones(key.numel(), dtype=dtype), (L, L), format="csr")
+    return from_coo(torch.stack([key // L, key % L]), torch.ones(key.numel(), dtype=dtype), (L, L), format="csr")
 
 
 def multi_hot(num_rows: int, num_features: int, nnz_per_row: int, seed: int = 0, power_law: bool = True, *,
@@ -464,7 +464,7 @@ def multi_hot(num_rows: int, num_features: int, nnz_per_row: int, seed: int = 0,
         cols.append(torch.topk(key, k, dim=1, sorted=False).indices.sort(1).values)
     c = torch.cat(cols).reshape(-1) if cols else torch.zeros(0, dtype=torch.int64)
     r = torch.arange(R).repeat_interleave(k)
-    return sparse_coo(torch.stack([r, c]), torch.ones(R * k, dtype=dtype), (R, F), format="csr")
+    return from_coo(torch.stack([r, c]), torch.ones(R * k, dtype=dtype), (R, F), format="csr")
 
 
 def pruned_weight(out_features: int, in_features: int, sparsity: float, seed: int = 0, *,
@@ -483,4 +483,4 @@ def pruned_weight(out_features: int, in_features: int, sparsity: float, seed: in
     W = torch.randn(o, i, generator=g, dtype=torch.float64) / math.sqrt(i)
     keep = round((1.0 - sparsity) * o * i)
     flat = torch.topk(W.abs().reshape(-1), keep, sorted=False).indices.sort().values
-    return sparse_coo(torch.stack([flat // i, flat % i]), W.reshape(-1)[flat].to(dtype), (o, i), format="csr")
+    return from_coo(torch.stack([flat // i, flat % i]), W.reshape(-1)[flat].to(dtype), (o, i), format="csr")

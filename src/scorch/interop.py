@@ -17,7 +17,7 @@ from .errors import ScorchTypeError, ScorchValueError
 from .format import Format, bsc_format, bsr_format, resolve
 from .tensor import SparseTensor
 
-__all__ = ["as_sparse", "sparse_coo", "is_sparse", "to_torch", "to_scipy", "validate_storage"]
+__all__ = ["as_sparse", "from_coo", "is_sparse", "to_torch", "to_scipy", "validate_storage"]
 
 _INDEX_DTYPES = (None, torch.int32, torch.int64)
 _TORCH_SPARSE = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
@@ -104,37 +104,37 @@ def torch_sparse_as_ours(args: tuple, kwargs: dict):
     return conv(args), {k: conv(v) for k, v in kwargs.items()}
 
 
-def sparse_coo(indices, values, shape=None, format="coo", *, index_dtype=None) -> SparseTensor:
+def from_coo(indices, values, shape=None, format="coo", *, index_dtype=None) -> SparseTensor:
     """A SparseTensor from COO parts; duplicate coordinates are summed.
 
     ``indices``: integer ``ndim x nnz``; ``values``: ``nnz`` entries (or a scalar
     for all); ``shape``: the tensor's shape (default: the largest index + 1 per dim).
 
     >>> import scorch
-    >>> A = scorch.sparse_coo([[0, 1, 1], [2, 0, 0]], [1., 2., 3.], (2, 3), format="csr")
+    >>> A = scorch.from_coo([[0, 1, 1], [2, 0, 0]], [1., 2., 3.], (2, 3), format="csr")
     >>> A.to_dense().tolist()
     [[0.0, 0.0, 1.0], [5.0, 0.0, 0.0]]
     """
     _check_index_dtype(index_dtype)
     idx = _index_tensor(indices, "indices")
     if idx.dim() != 2:
-        raise ScorchValueError(f"sparse_coo: indices must be 2-d (ndim x nnz), got shape {tuple(idx.shape)}")
+        raise ScorchValueError(f"from_coo: indices must be 2-d (ndim x nnz), got shape {tuple(idx.shape)}")
     vals = values if isinstance(values, torch.Tensor) else torch.as_tensor(np.asarray(values))
     if vals.dim() == 0:
         vals = vals.expand(idx.shape[1])
     if vals.dim() != 1:
-        raise ScorchValueError(f"sparse_coo: values must be 1-d (nnz), got shape {tuple(vals.shape)}")
+        raise ScorchValueError(f"from_coo: values must be 1-d (nnz), got shape {tuple(vals.shape)}")
     if vals.shape[0] != idx.shape[1]:
         raise ScorchValueError(
-            f"sparse_coo: indices has {idx.shape[1]} columns (nnz) but values has {vals.shape[0]} entries")
+            f"from_coo: indices has {idx.shape[1]} columns (nnz) but values has {vals.shape[0]} entries")
     if shape is None:
         if idx.shape[1] == 0:
-            raise ScorchValueError("sparse_coo: shape is required when there are no entries")
+            raise ScorchValueError("from_coo: shape is required when there are no entries")
         shape = tuple(int(m) + 1 for m in idx.max(1).values)
     shape = _check_shape(shape)
     if idx.shape[0] != len(shape):
         raise ScorchValueError(
-            f"sparse_coo: indices has {idx.shape[0]} rows, expected one per dim of shape {shape} ({len(shape)})")
+            f"from_coo: indices has {idx.shape[0]} rows, expected one per dim of shape {shape} ({len(shape)})")
     _check_coords(idx, shape, "indices")
     fmt = resolve(format, len(shape))
     _check_blocks(fmt, shape)

@@ -34,7 +34,7 @@ _ELL2 = preset("ell", 2)
 
 class SparseTensor(torch.Tensor):
     """A sparse tensor in any level format.  Build one with :func:`scorch.as_sparse`,
-    :func:`scorch.sparse_coo` or :meth:`SparseTensor.from_levels` (all validate their
+    :func:`scorch.from_coo` or :meth:`SparseTensor.from_levels` (all validate their
     input); the raw constructor is internal and trusts its arrays.  Mutating the index
     arrays of an existing tensor in place is not supported (kernels read them unchecked).
 

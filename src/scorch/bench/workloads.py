@@ -328,7 +328,7 @@ def _norm_adj(A_sc, n, kind):
     r, c = T.indices()
     w = T.values()
     deg = torch.zeros(n).index_add_(0, r, w)
-    return scorch.sparse_coo(torch.stack([r, c]), w / deg[r].clamp_min(1e-30), (n, n), format="csr")
+    return scorch.from_coo(torch.stack([r, c]), w / deg[r].clamp_min(1e-30), (n, n), format="csr")
 
 
 def gnn(cfg):
@@ -338,7 +338,7 @@ def gnn(cfg):
     for g in _gnn_graphs(cfg):
         n = g.num_nodes
         ei = torch.unique(g.edge_index, dim=1)                  # distinct edges (pattern = weights 1)
-        A = scorch.sparse_coo(ei, torch.ones(ei.shape[1]), (n, n), format="csr")   # A[i, j]: i aggregates j
+        A = scorch.from_coo(ei, torch.ones(ei.shape[1]), (n, n), format="csr")   # A[i, j]: i aggregates j
         ei_pyg = ei.flip(0)                                     # PyG: (source j, target i)
         x = torch.randn(n, fin, generator=_gen(5))
         dense_ok = n <= cfg.dense_max_nodes
@@ -395,7 +395,7 @@ def gnn(cfg):
         g1, g2 = GATConv(fin, hid_g, heads=heads, cached=True), GATConv(hid_g * heads, fout, heads=1, cached=True)
         loops = torch.arange(n)
         keep = ei[0] != ei[1]
-        pat = scorch.sparse_coo(torch.stack([torch.cat([ei[0][keep], loops]), torch.cat([ei[1][keep], loops])]),
+        pat = scorch.from_coo(torch.stack([torch.cat([ei[0][keep], loops]), torch.cat([ei[1][keep], loops])]),
                                 torch.ones(int(keep.sum()) + n), (n, n), format="csr")
         Tp, Cp = _csr_coo(pat)
         row, col = Cp.indices()
@@ -489,7 +489,7 @@ def attention(cfg):
         m = SparseAttention(E, num_heads=H, pattern="window", window=W).eval()
         x = torch.randn(L, E, generator=_gen(7))
         rows, cols = m.pattern_coords(L)
-        M = scorch.sparse_coo(torch.stack([rows, cols]), torch.ones(rows.numel()), (L, L), format="csr")
+        M = scorch.from_coo(torch.stack([rows, cols]), torch.ones(rows.numel()), (L, L), format="csr")
         Tm, Cm = _csr_coo(M)
         idx = Cm.indices()
         scale = 1.0 / math.sqrt(m.head_dim)
@@ -588,7 +588,7 @@ def _lightfm(cfg):
     Xu, Xi = multi_hot(nU, Fu, nu, seed=61), multi_hot(nI, Fi, ni, seed=62)
     g = _gen(63)
     items = torch.rand(nU, nI, generator=g).topk(cand, dim=1).indices.sort(1).values
-    pairs = scorch.sparse_coo(torch.stack([torch.arange(nU).repeat_interleave(cand), items.reshape(-1)]),
+    pairs = scorch.from_coo(torch.stack([torch.arange(nU).repeat_interleave(cand), items.reshape(-1)]),
                               torch.ones(nU * cand), (nU, nI), format="csr")
     Tu, Cu = _csr_coo(Xu)
     Ti, Ci = _csr_coo(Xi)

@@ -24,7 +24,7 @@ from torch import nn
 
 from .. import convert
 from ..errors import ScorchTypeError, ScorchValueError
-from ..interop import is_sparse, sparse_coo
+from ..interop import is_sparse, from_coo
 from ..ops import dense as dense_ops
 from ..ops.reduce import scaled_softmax
 from ..tensor import SparseTensor
@@ -104,7 +104,7 @@ def _stacked_mask(rows: torch.Tensor, cols: torch.Tensor, L: int, n: int, dtype)
     nnz = rows.numel()
     h = torch.arange(n).repeat_interleave(nnz)
     idx = torch.stack([h, rows.repeat(n), cols.repeat(n)])
-    return sparse_coo(idx, torch.ones(n * nnz, dtype=dtype), (n, L, L), format="csr")
+    return from_coo(idx, torch.ones(n * nnz, dtype=dtype), (n, L, L), format="csr")
 
 
 # ---------------------------------------------------------------- layer

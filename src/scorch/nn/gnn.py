@@ -26,7 +26,7 @@ from torch import nn
 from .. import convert
 from ..errors import ScorchTypeError, ScorchValueError
 from ..format import Format, compressed, dense, preset
-from ..interop import as_sparse, is_sparse, sparse_coo
+from ..interop import as_sparse, is_sparse, from_coo
 from ..ops import dense as dense_ops
 from ..ops.einsum import einsum_add
 from ..tensor import SparseTensor
@@ -94,7 +94,7 @@ def _add_remaining_self_loops(row, col, w, n: int):
 
 
 def _csr(row, col, w, n: int) -> SparseTensor:
-    return sparse_coo(torch.stack([row, col]), w, (n, n), format="csr")
+    return from_coo(torch.stack([row, col]), w, (n, n), format="csr")
 
 
 def gcn_norm(adj, num_nodes: int, *, add_self_loops: bool = True, normalize: bool = True,

@@ -25,7 +25,7 @@ from ..compiler import build
 from ..compiler.driver import einsum
 from ..errors import ScorchTypeError, ScorchValueError
 from ..format import preset
-from ..interop import sparse_coo
+from ..interop import from_coo
 from ..tensor import SparseTensor
 
 __all__ = ["MoE"]
@@ -95,7 +95,7 @@ class MoE(nn.Module):
         order (columns of a row are sorted, so CSR order is the ``B x k`` order)."""
         B = idx.shape[0]
         rows = torch.arange(B).repeat_interleave(self.k)
-        pattern = sparse_coo(torch.stack([rows, idx.reshape(-1)]), torch.ones(B * self.k, dtype=w.dtype),
+        pattern = from_coo(torch.stack([rows, idx.reshape(-1)]), torch.ones(B * self.k, dtype=w.dtype),
                              (B, self.n_experts), format="csr")
         return pattern.with_values(w.reshape(-1))
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ScorchTypeError, ScorchValueError
-from ..interop import sparse_coo
+from ..interop import from_coo
 from ..tensor import SparseTensor
 
 __all__ = ["SparseLinear"]
@@ -57,7 +57,7 @@ def _magnitude_mask(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
 def _masked_sparse(values: torch.Tensor, mask: torch.Tensor, format) -> SparseTensor:
     """Every masked entry stored (even an exact zero), in ``format``."""
     idx = mask.nonzero().t()
-    return sparse_coo(idx, values.detach()[mask], tuple(mask.shape), format=format)
+    return from_coo(idx, values.detach()[mask], tuple(mask.shape), format=format)
 
 
 class SparseLinear(nn.Module):
