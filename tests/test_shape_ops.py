@@ -960,3 +960,23 @@ def test_in_place_triangles_and_copy_of_a_number():
     B = scorch.as_sparse(x, "csr").requires_grad_()
     with pytest.raises(NotSupportedError, match="autograd"):
         B.tril_()
+
+
+@pytest.mark.parametrize("dim,index,value", [(0, [0, 2], 0.0), (1, [1], 0.0), (1, [0, 3], 2.5), (-1, [], 7.0)])
+def test_index_fill(dim, index, value):
+    """index_fill_ writes through setitem (it raised); index_fill stays sparse where it can,
+    else gives torch's dense result; oracle: the dense ops."""
+    x = torch.tensor([[1.0, 0, 2, 4], [0, 3, 0, 5], [6, 7, 8, 9]], dtype=torch.float64)
+    idx = torch.tensor(index, dtype=torch.int64)
+    want = x.index_fill(dim, idx, value)
+    A = scorch.as_sparse(x, "csr")
+    got = A.index_fill(dim, idx, value)
+    assert isinstance(got, SparseTensor) == bool(torch.equal(want != 0, (want != 0) & (x != 0)) or value == 0)
+    torch.testing.assert_close(got.to_dense() if isinstance(got, SparseTensor) else got, want, rtol=0, atol=0)
+    if isinstance(got, SparseTensor):
+        B = A.clone()
+        assert B.index_fill_(dim, idx, value) is B
+        check(B, want)
+    else:
+        with pytest.raises(NotSupportedError, match="grow"):
+            A.clone().index_fill_(dim, idx, value)

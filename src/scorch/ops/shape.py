@@ -574,6 +574,28 @@ def setitem(x, key, value):
     torch.autograd.graph.increment_version(x)   # a tensor saved for backward sees the write
 
 
+@implements(torch.Tensor.index_fill_)
+def index_fill_(x, dim, index, value):
+    """``x.index_fill_(dim, index, v)`` is ``x[..., index, ...] = v`` (:func:`setitem`)."""
+    if not isinstance(x, SparseTensor):
+        return _dense_call(torch.Tensor.index_fill_, x, dim, index, value)
+    d = _dim(dim, x.dim(), "index_fill_")
+    setitem(x, (slice(None),) * d + (torch.as_tensor(index, dtype=_I64).reshape(-1),), value)
+    return x
+
+
+@implements(torch.index_fill, torch.Tensor.index_fill)
+def index_fill(x, dim, index, value):
+    """Out of place: a SparseTensor in ``x``'s pattern when ``v`` is 0 or lands on stored
+    positions only; else (and under autograd) the dense result, as torch computes it."""
+    if isinstance(x, SparseTensor) and not (torch.is_grad_enabled() and x.requires_grad):
+        try:
+            return index_fill_(x.clone(), dim, index, value)
+        except NotSupportedError:   # v on an absent position: dense by definition
+            pass
+    return _dense_call(torch.index_fill, x, dim, index, value)
+
+
 @implements(torch.Tensor.fill_diagonal_)
 def fill_diagonal_(x, fill_value, wrap=False):
     """``x.fill_diagonal_(v)``: the positions (i, i, ...) take ``v`` through :func:`setitem` (a
