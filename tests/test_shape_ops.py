@@ -980,3 +980,21 @@ def test_index_fill(dim, index, value):
     else:
         with pytest.raises(NotSupportedError, match="grow"):
             A.clone().index_fill_(dim, idx, value)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put(accumulate):
+    """index_put_ writes (or adds) through setitem, repeated indices as torch treats them; a write
+    to an absent position raises in place, and index_put gives torch's dense result for it."""
+    x = torch.tensor([[1.0, 0, 2], [0, 3, 0]], dtype=torch.float64)
+    rows, cols = torch.tensor([0, 1, 0]), torch.tensor([0, 1, 0])
+    v = torch.tensor([5.0, 6.0, 7.0], dtype=torch.float64)
+    A, y = scorch.as_sparse(x, "coo"), x.clone()
+    assert A.index_put_((rows, cols), v, accumulate=accumulate) is A
+    check(A, y.index_put_((rows, cols), v, accumulate=accumulate))
+    got = A.index_put((torch.tensor([1]), torch.tensor([2])), torch.tensor(4.0, dtype=x.dtype), accumulate=accumulate)
+    assert type(got) is torch.Tensor
+    assert_dense_equal(got, y.index_put((torch.tensor([1]), torch.tensor([2])), torch.tensor(4.0, dtype=x.dtype),
+                                        accumulate=accumulate))
+    with pytest.raises(NotSupportedError, match="grow"):
+        A.index_put_((torch.tensor([1]), torch.tensor([2])), torch.tensor(4.0, dtype=x.dtype), accumulate=accumulate)

@@ -574,6 +574,35 @@ def setitem(x, key, value):
     torch.autograd.graph.increment_version(x)   # a tensor saved for backward sees the write
 
 
+@implements(torch.Tensor.index_put_)
+def index_put_(x, indices, values, accumulate=False):
+    """``x.index_put_(indices, v)`` is ``x[indices] = v`` (:func:`setitem`); with ``accumulate``
+    the selected positions add ``v`` (summed where an index repeats, as torch sums), stored
+    positions only unless the sum there is 0."""
+    if not isinstance(x, SparseTensor):
+        return _dense_call(torch.Tensor.index_put_, x, indices, values, accumulate)
+    key = tuple(indices)
+    if not accumulate:
+        setitem(x, key, values)
+        return x
+    check_dense_size("index_put_ with accumulate sums into the dense shape, and", [x])
+    add = torch.zeros(x._shape, dtype=x.dtype).index_put_(key, torch.as_tensor(values, dtype=x.dtype), accumulate=True)
+    setitem(x, add != 0, x.to_dense()[add != 0] + add[add != 0])
+    return x
+
+
+@implements(torch.index_put, torch.Tensor.index_put)
+def index_put(x, indices, values, accumulate=False):
+    """Out of place: a SparseTensor in ``x``'s pattern where the writes land on stored positions
+    (or are 0); else (and under autograd) torch's dense result."""
+    if isinstance(x, SparseTensor) and not (torch.is_grad_enabled() and x.requires_grad):
+        try:
+            return index_put_(x.clone(), indices, values, accumulate)
+        except NotSupportedError:   # a write to an absent position: dense by definition
+            pass
+    return _dense_call(torch.index_put, x, indices, values, accumulate)
+
+
 @implements(torch.Tensor.index_fill_)
 def index_fill_(x, dim, index, value):
     """``x.index_fill_(dim, index, v)`` is ``x[..., index, ...] = v`` (:func:`setitem`)."""
