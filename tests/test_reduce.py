@@ -345,3 +345,22 @@ def test_mse_loss_bad_reduction():
     A = scorch.as_sparse(rnd(3, 4), "csr")
     with pytest.raises(ValueError, match="reduction"):
         torch.nn.functional.mse_loss(A, A, reduction="max")
+
+
+@pytest.mark.parametrize("test,invert", [([1.5, -2.0], False), ([0.0, 1.5], False), ([0.0], True), ([3.0], True)])
+@pytest.mark.parametrize("fmt", ["csr", "coo", "ell"])
+def test_isin(test, invert, fmt):
+    """isin: a bool SparseTensor in the pattern where the absent zeros test False, else dense;
+    a sparse test_elements counts 0 unless full; oracle: torch.isin on the dense tensors."""
+    import warnings
+    x = torch.tensor([[1.5, 0, -2.0], [0, 3.0, 1.5]], dtype=torch.float64)
+    A, t = scorch.as_sparse(x, fmt), torch.tensor(test, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = torch.isin(A, t, invert=invert)
+    want = torch.isin(x, t, invert=invert)
+    zero_true = bool(torch.isin(torch.zeros((), dtype=x.dtype), t, invert=invert))
+    assert isinstance(got, scorch.SparseTensor) == (not zero_true)
+    assert torch.equal(got.to_dense() if isinstance(got, scorch.SparseTensor) else got, want)
+    T = scorch.as_sparse(torch.tensor([[0.0, 3.0]], dtype=x.dtype), "coo")   # stores 3; 0 absent: counts
+    assert torch.equal(torch.isin(x, T), torch.isin(x, torch.tensor([0.0, 3.0], dtype=x.dtype)))

@@ -420,6 +420,26 @@ def trace(input):
     return diagonal(input).sum()
 
 
+@implements(torch.isin)
+def isin(elements, test_elements, *, assume_unique=False, invert=False):
+    """``torch.isin`` with SparseTensor ``elements``: where 0 is not in (for ``invert``: is in)
+    ``test_elements`` the absent entries are False, so the result is a bool SparseTensor in the
+    pattern; otherwise it is dense by definition, computed densely.  A sparse ``test_elements``
+    counts its stored values and, unless full, 0."""
+    if isinstance(test_elements, SparseTensor):
+        full = test_elements._stored == test_elements.numel()
+        test_elements = test_elements.values() if full else torch.cat([test_elements.values(),
+                                                                        test_elements.values().new_zeros(1)])
+    if not isinstance(elements, SparseTensor):
+        return as_torch_runs(torch.isin, elements, test_elements, assume_unique=assume_unique, invert=invert)
+    zero_hit = bool(torch.isin(torch.zeros((), dtype=elements.dtype), test_elements, invert=invert))
+    if zero_hit:
+        check_dense_size("isin is True at the absent entries here, so its result is dense, and", [elements])
+        return torch.isin(elements.to_dense(), test_elements, assume_unique=assume_unique, invert=invert)
+    hits = torch.isin(elements.values(), test_elements, assume_unique=assume_unique, invert=invert)
+    return elements.detach()._like(values=hits, nnz=elements._stored)
+
+
 @implements(torch.nn.functional.normalize)
 def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
     """``input / max(norm(input, p, dim), eps)``: for a SparseTensor a sparse result in its pattern
