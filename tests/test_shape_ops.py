@@ -998,3 +998,45 @@ def test_index_put(accumulate):
                                         accumulate=accumulate))
     with pytest.raises(NotSupportedError, match="grow"):
         A.index_put_((torch.tensor([1]), torch.tensor([2])), torch.tensor(4.0, dtype=x.dtype), accumulate=accumulate)
+
+
+@st.composite
+def setitem_keys(draw, shape):
+    """A key torch takes for ``shape``: ints, slices, index lists, a bool mask, Ellipsis."""
+    kind = draw(st.sampled_from(["point", "slices", "list", "mask", "ellipsis"]))
+    if kind == "mask" or any(s == 0 for s in shape):
+        return torch.rand(shape, generator=torch.Generator().manual_seed(draw(seeds))) < 0.4
+    if kind == "point":
+        return tuple(draw(st.integers(-s, s - 1)) for s in shape)
+    if kind == "ellipsis":
+        return (Ellipsis, draw(st.integers(0, shape[-1] - 1)))
+    if kind == "list":
+        return [draw(st.integers(0, shape[0] - 1)) for _ in range(draw(st.integers(1, 3)))]
+    return tuple(slice(draw(st.integers(0, s)), None, draw(st.integers(1, 2))) for s in shape)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_setitem_property(data):
+    """Any key, a number or a tensor value: the SparseTensor equals the dense tensor after the
+    same assignment -- or, exactly when a nonzero would land on an absent position, the
+    assignment raises and nothing changed."""
+    A, x = data.draw(sparse_tensors())
+    key = data.draw(setitem_keys(tuple(x.shape)))
+    y = x.clone()
+    selected_shape = y[key].shape
+    if data.draw(st.booleans()):
+        value = data.draw(st.sampled_from([0, 2, -3]))
+    else:
+        value = make_dense(selected_shape, data.draw(densities), data.draw(seeds), x.dtype)
+    y[key] = value
+    stored = A._like(values=torch.ones(A._values.shape), nnz=A._stored).to_dense() != 0
+    grows = bool(((y != 0) & ~stored).any())
+    before = A.to_dense()
+    if grows:
+        with pytest.raises(NotSupportedError, match="grow"):
+            A[key] = value
+        assert_dense_equal(A.to_dense(), before)
+    else:
+        A[key] = value
+        assert_dense_equal(A.to_dense(), y)
