@@ -1040,3 +1040,18 @@ def test_setitem_property(data):
     else:
         A[key] = value
         assert_dense_equal(A.to_dense(), y)
+
+
+def test_setitem_of_rows_columns_blocks_needs_no_dense_copy():
+    """Ints and slices are matched against the coordinates: a 1e6 x 1e6 matrix (4 TB dense,
+    beyond the dense-copy limit) gets a row, a column and a block zeroed; a nonzero on an absent
+    position still raises."""
+    n = 10**6
+    idx = torch.tensor([[5, 5, 7, 12, 999_999], [3, 7, 7, 40, 7]])
+    A = scorch.from_coo(idx, torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]), (n, n), format="csr")
+    A[5] = 0.0
+    A[:, 7] = 0
+    A[10:20, ...] = 0.0
+    assert A.values().tolist() == [0.0, 0.0, 0.0, 0.0, 0.0] and A.nnz == 5
+    with pytest.raises(NotSupportedError, match="grow"):
+        A[999_999, :] = 1.0

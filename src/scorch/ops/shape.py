@@ -552,6 +552,25 @@ def setitem(x, key, value):
             raise NotSupportedError(f"setitem: x{list(point)} is not stored, and writing {value!r} there would grow "
                                     "the pattern in place; build a new tensor (or convert with x.to_dense())")
         x._values[where[hit]] = value
+    elif scalar and (items := _basic_items(key, x.dim())) is not None:
+        # ints and slices (a row, a column, a block): the selection read off the coordinates
+        hit, positions = torch.ones(where.numel(), dtype=torch.bool), 1
+        for d, (kind, v) in enumerate(items):
+            size = x._shape[d]
+            if kind == "int":
+                k = _int(v, "setitem", "index")
+                if not -size <= k < size:
+                    raise ScorchIndexError(f"setitem: index {k} is out of range for dim {d} of size {size}")
+                hit &= coords[d] == k % size
+            else:
+                start, stop, step = v.indices(size)
+                positions *= len(range(start, stop, step))
+                hit &= (coords[d] >= start) & (coords[d] < stop) & ((coords[d] - start) % step == 0)
+        if value != 0 and int(hit.sum()) < positions:
+            raise NotSupportedError("setitem: the key selects positions the SparseTensor does not store, and the "
+                                    f"value {value!r} there would grow the pattern in place; build a new tensor (or "
+                                    "convert with x.to_dense())")
+        x._values[where[hit]] = value
     else:
         check_dense_size("setitem marks the selected positions of the dense shape, and", [x])
         marked = torch.zeros(x._shape, dtype=torch.bool)
@@ -572,6 +591,23 @@ def setitem(x, key, value):
         x._values[where[hit]] = value if scalar else new[tuple(coords[:, hit])]   # (a format's last level
         # is unique: no coordinate is stored twice)
     torch.autograd.graph.increment_version(x)   # a tensor saved for backward sees the write
+
+
+def _basic_items(key, ndim: int):
+    """The key as one ``("int" | "slice", value)`` item per dim when it holds only ints, slices
+    with a positive step and at most one Ellipsis; else None."""
+    keys = key if isinstance(key, tuple) else (key,)
+    if not all(k is Ellipsis or isinstance(k, slice) or (isinstance(k, int) and not isinstance(k, bool))
+               for k in keys) or sum(k is Ellipsis for k in keys) > 1:
+        return None
+    if any(isinstance(k, slice) and k.step is not None and k.step <= 0 for k in keys):
+        return None
+    items = [("slice", k) if isinstance(k, slice) else ("int", k) for k in keys if k is not Ellipsis]
+    if len(items) > ndim:
+        return None
+    at = next((i for i, k in enumerate(keys) if k is Ellipsis), len(keys))
+    fill = [("slice", slice(None))] * (ndim - len(items))
+    return items[:at] + fill + items[at:]
 
 
 @implements(torch.Tensor.index_put_)
