@@ -629,14 +629,21 @@ def index_put_(x, indices, values, accumulate=False):
 
 @implements(torch.index_put, torch.Tensor.index_put)
 def index_put(x, indices, values, accumulate=False):
-    """Out of place: a SparseTensor in ``x``'s pattern where the writes land on stored positions
-    (or are 0); else (and under autograd) torch's dense result."""
+    """Out of place: see :func:`_written_copy`."""
+    return _written_copy(index_put_, torch.index_put, x, indices, values, accumulate)
+
+
+def _written_copy(in_place, dense_op, x, *args):
+    """The out-of-place form of a write (``index_put``, ``index_fill``): ``in_place`` on a copy of
+    ``x`` -- a SparseTensor in its pattern -- where the writes land on stored positions (or are 0);
+    else (a write to an absent position, dense by definition; or under autograd) torch's
+    ``dense_op`` on the dense value."""
     if isinstance(x, SparseTensor) and not (torch.is_grad_enabled() and x.requires_grad):
         try:
-            return index_put_(x.clone(), indices, values, accumulate)
-        except NotSupportedError:   # a write to an absent position: dense by definition
+            return in_place(x.clone(), *args)
+        except NotSupportedError:
             pass
-    return _dense_call(torch.index_put, x, indices, values, accumulate)
+    return _dense_call(dense_op, x, *args)
 
 
 @implements(torch.Tensor.index_fill_)
@@ -651,14 +658,8 @@ def index_fill_(x, dim, index, value):
 
 @implements(torch.index_fill, torch.Tensor.index_fill)
 def index_fill(x, dim, index, value):
-    """Out of place: a SparseTensor in ``x``'s pattern when ``v`` is 0 or lands on stored
-    positions only; else (and under autograd) the dense result, as torch computes it."""
-    if isinstance(x, SparseTensor) and not (torch.is_grad_enabled() and x.requires_grad):
-        try:
-            return index_fill_(x.clone(), dim, index, value)
-        except NotSupportedError:   # v on an absent position: dense by definition
-            pass
-    return _dense_call(torch.index_fill, x, dim, index, value)
+    """Out of place: see :func:`_written_copy`."""
+    return _written_copy(index_fill_, torch.index_fill, x, dim, index, value)
 
 
 @implements(torch.Tensor.fill_diagonal_)
