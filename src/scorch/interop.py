@@ -25,7 +25,12 @@ _TORCH_SPARSE = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.spa
 
 def is_sparse(x) -> bool:
     """True for a scorch SparseTensor or a ``torch.sparse`` tensor of any layout."""
-    return isinstance(x, SparseTensor) or (isinstance(x, torch.Tensor) and x.layout in _TORCH_SPARSE)
+    return isinstance(x, SparseTensor) or is_torch_sparse(x)
+
+
+def is_torch_sparse(x) -> bool:
+    """True for a ``torch.sparse`` tensor (COO, CSR, CSC, BSR, BSC), not a SparseTensor."""
+    return isinstance(x, torch.Tensor) and not isinstance(x, SparseTensor) and x.layout in _TORCH_SPARSE
 
 
 def _is_scipy_sparse(x) -> bool:
@@ -99,8 +104,7 @@ def torch_sparse_as_ours(args: tuple, kwargs: dict):
         t = type(a)
         if t is list or t is tuple:
             return t(conv(v) for v in a)
-        return from_torch(a) if isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor) \
-            and a.layout in _TORCH_SPARSE else a
+        return from_torch(a) if is_torch_sparse(a) else a
     return conv(args), {k: conv(v) for k, v in kwargs.items()}
 
 

@@ -22,11 +22,19 @@ def same_pattern(a: SparseTensor, b: SparseTensor) -> bool:
     return True
 
 
-def project(g, x: SparseTensor) -> torch.Tensor:
-    """The values of ``g`` (dense or sparse) at ``x``'s stored positions, aligned with ``x.values()``."""
+def stored(x: SparseTensor):
+    """``(coords, where)``: the coordinates of ``x``'s stored entries and their positions in
+    ``x.values()`` (ELL's unused slots left out)."""
+    coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
+    return coords, where
+
+
+def project(g, x: SparseTensor, at=None) -> torch.Tensor:
+    """The values of ``g`` (dense or sparse) at ``x``'s stored positions, aligned with ``x.values()``
+    (``at``: :func:`stored` of ``x``, when the caller has it already)."""
     if isinstance(g, SparseTensor) and same_pattern(g, x):
         return g._values
-    coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
+    coords, where = stored(x) if at is None else at
     out = torch.zeros(x._values.numel(), dtype=g.dtype)
     if not coords.shape[1]:
         return out

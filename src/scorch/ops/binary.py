@@ -20,7 +20,7 @@ import torch
 from .._dispatch import as_torch_runs, broadcast_shapes, check_dense_size, densified, implements, write_out
 from ..compiler import driver
 from ..compiler.notation import Access, Op
-from ..interop import from_torch
+from ..interop import from_torch, is_torch_sparse
 from ..tensor import SparseTensor
 from ._pattern import _lookup, project, same_pattern
 from .einsum import _any_requires_grad, einsum
@@ -28,17 +28,13 @@ from .einsum import _any_requires_grad, einsum
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
-def _torch_sparse(x) -> bool:
-    return isinstance(x, torch.Tensor) and not isinstance(x, SparseTensor) and x.layout != torch.strided
-
-
 def _is_scalar(x) -> bool:
     return not isinstance(x, torch.Tensor) or (not isinstance(x, SparseTensor) and x.dim() == 0)
 
 
 def binary(op: str, a, b, func, args, kwargs):
-    if _torch_sparse(a) or _torch_sparse(b):   # A + torch.eye(n).to_sparse(): the SparseTensor's rules
-        a, b = (from_torch(x) if _torch_sparse(x) else x for x in (a, b))
+    if is_torch_sparse(a) or is_torch_sparse(b):   # A + torch.eye(n).to_sparse(): the SparseTensor's rules
+        a, b = (from_torch(x) if is_torch_sparse(x) else x for x in (a, b))
         args, kwargs = (a, b), {}
     if _is_scalar(a) or _is_scalar(b) or (isinstance(a, SparseTensor) and isinstance(b, SparseTensor)
                                           and same_pattern(a, b)):

@@ -25,10 +25,10 @@ import torch
 from .._dispatch import (broadcast_shapes, check_dense_size, dense_fallback, densified, implements, implements_aten,
                          leaves, map_sparse, register_pointwise, write_out)
 from ..convert import coords_of
-from ..interop import torch_sparse_as_ours
+from ..interop import is_torch_sparse, torch_sparse_as_ours
 from ..errors import InternalError, NotSupportedError, ScorchValueError
 from ..tensor import SparseTensor
-from ._pattern import project, same_pattern
+from ._pattern import project, same_pattern, stored
 
 
 def _is_scalar(a) -> bool:
@@ -95,8 +95,7 @@ def _values_of(a: SparseTensor) -> torch.Tensor:
 def pointwise(func, args, kwargs):
     mutable = func._schema.is_mutable
     flat = leaves(args, kwargs)
-    if any(isinstance(a, torch.Tensor) and a.layout != torch.strided and not isinstance(a, SparseTensor)
-           for a in flat):   # beside a SparseTensor, a torch.sparse tensor counts as one
+    if any(is_torch_sparse(a) for a in flat):   # beside a SparseTensor, a torch.sparse tensor counts as one
         args, kwargs = torch_sparse_as_ours(args, kwargs)
         flat = leaves(args, kwargs)
     if mutable and "out" in kwargs:   # an out= overload: the op, then its result written into out
@@ -213,7 +212,8 @@ def _in_place_with_dense(func, args, kwargs, x: SparseTensor):
                 and broadcast_shapes(a.shape, x.shape) != tuple(x.shape):
             raise NotSupportedError(f"{name}: in place on a SparseTensor of shape {tuple(x.shape)} needs dense "
                                     f"operands broadcastable to it, got shape {tuple(a.shape)}")
-    stays = _absent_stay_zero(func, args, kwargs, x)
+    entries = stored(x)   # the stored coordinates, read once for every dense operand and the check
+    stays = _absent_stay_zero(func, args, kwargs, x, entries)
     if stays is None:
         raise NotSupportedError(f"{name}: in place on a SparseTensor with dense operands is not supported for this "
                                 "op; use the out-of-place op")
@@ -225,17 +225,16 @@ def _in_place_with_dense(func, args, kwargs, x: SparseTensor):
     def at(a):
         if isinstance(a, SparseTensor):
             return a._values
-        return project(a.expand(x.shape), x) if isinstance(a, torch.Tensor) and not _is_scalar(a) else a
+        return project(a.expand(x.shape), x, entries) if isinstance(a, torch.Tensor) and not _is_scalar(a) else a
     func(*[at(a) for a in args], **{k: at(v) for k, v in kwargs.items()})
     if x._stored < x._values.numel():   # ELL's unused slots (a dense operand reads 0 there): 0 again
-        _, _, used = coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
         keep = torch.zeros(x._values.numel(), dtype=torch.bool)
-        keep[used] = True
+        keep[entries[1]] = True
         x._values.masked_fill_(~keep, 0)
     return x
 
 
-def _absent_stay_zero(func, args, kwargs, x: SparseTensor) -> bool | None:
+def _absent_stay_zero(func, args, kwargs, x: SparseTensor, entries) -> bool | None:
     """Whether the out-of-place form of in-place ``func`` gives 0 (not NaN) wherever ``x`` (and
     so every SparseTensor operand, of its pattern) stores nothing: evaluated with the sparse
     operands as zeros against the dense ones -- as much work as the dense operands hold.  None
@@ -250,7 +249,7 @@ def _absent_stay_zero(func, args, kwargs, x: SparseTensor) -> bool | None:
         return None
     bad = (z != 0) | torch.isnan(z)   # the dense operands' shape: broadcast, each counts that often
     total = int(bad.sum()) * (math.prod(x._shape) // max(bad.numel(), 1))
-    return total == int(project(bad.expand(x.shape), x).sum())   # every such position stored
+    return total == int(project(bad.expand(x.shape), x, entries).sum())   # every such position stored
 
 
 _SCATTER_ADD = {torch.ops.aten.add_.Tensor: 1, torch.ops.aten.sub_.Tensor: -1}
