@@ -204,3 +204,90 @@ def test_dot_and_inner_with_sparse_operands():
         torch.testing.assert_close(dense(got), want)
     with pytest.raises(ValueError, match="inner: the last dims differ"):
         torch.inner(A, rnd(5))
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "ell"])
+def test_addbmm_addr_and_in_place_products_against_dense(fmt):
+    """addbmm / addr and the in-place forms on a dense self (dense.addmm_(A, X), ...) take
+    SparseTensors without the fallback; oracle: the same calls on dense tensors."""
+    x, X = rnd(5, 6), rnd(6, 3, density=1, seed=1)
+    A = scorch.as_sparse(x, fmt)
+    xb = torch.stack([x, rnd(5, 6, seed=7)])
+    B = scorch.as_sparse(xb, "csf" if fmt == "ell" else fmt)
+    Xb, Y = rnd(2, 6, 3, density=1, seed=2), rnd(5, 3, density=1, seed=3)
+    u, w = rnd(5, seed=4), rnd(6, seed=5)
+    U, W = scorch.as_sparse(u, "coo" if fmt == "ell" else fmt), scorch.as_sparse(w, "coo" if fmt == "ell" else fmt)
+    with no_fallback():
+        cases = [(torch.addbmm(Y, B, Xb), torch.addbmm(Y, xb, Xb)),
+                 (torch.addbmm(Y, B, Xb, beta=0.5, alpha=2), torch.addbmm(Y, xb, Xb, beta=0.5, alpha=2)),
+                 (Y.addbmm(B, Xb), Y.addbmm(xb, Xb)),
+                 (torch.addr(A, u, w), torch.addr(x, u, w)),
+                 (torch.addr(x, U, w, beta=2, alpha=-1), torch.addr(x, u, w, beta=2, alpha=-1)),
+                 (torch.addr(A, U, W), torch.addr(x, u, w)),
+                 (Y.clone().addmm_(A, X, beta=0.5), Y.clone().addmm_(x, X, beta=0.5)),
+                 (Y[:, 0].clone().addmv_(A, w, alpha=3), Y[:, 0].clone().addmv_(x, w, alpha=3)),
+                 (Y.clone().addbmm_(B, Xb), Y.clone().addbmm_(xb, Xb)),
+                 (torch.stack([Y, Y]).baddbmm_(B, Xb), torch.stack([Y, Y]).baddbmm_(xb, Xb)),
+                 (x.clone().addr_(U, w), x.clone().addr_(u, w))]
+        out = torch.empty(0, dtype=torch.float64)
+        cases.append((torch.addbmm(Y, B, Xb, out=out), torch.addbmm(Y, xb, Xb)))
+    for got, want in cases:
+        torch.testing.assert_close(dense(got), want)
+    assert out.shape == (5, 3)
+    Z = Y.clone()
+    assert Z.addmm_(A, X) is Z                                     # in place: self returned
+    with pytest.raises(NotImplementedError, match="addmm_: writing a product into a sparse tensor in place"):
+        A.addmm_(x, X[:, :1].expand(6, 6).contiguous())
+    with pytest.raises(ValueError, match=r"addmm_: the result has shape \(5, 3\), but self has \(3,\)"):
+        Y[0].clone().addmm_(A, X)
+    with pytest.raises(ValueError, match="addbmm: expects 3-d batches, got 2-d and 3-d"):
+        torch.addbmm(Y, A, Xb)
+    with pytest.raises(ValueError, match="addr: expects 1-d vectors, got 2-d and 1-d"):
+        torch.addr(A, A, w)
+
+
+@pytest.mark.parametrize("sparse_arg", ["input1", "weight", "input2"])
+def test_bilinear_with_a_sparse_operand_and_its_gradients(sparse_arg):
+    """F.bilinear (nn.Bilinear) as one einsum with any operand sparse, gradients in the sparse
+    operand's pattern; oracle: dense F.bilinear and its gradients (masked to the pattern)."""
+    x1, x2 = rnd(4, 5, density=0.5, seed=1), rnd(4, 3, density=0.5, seed=2)
+    Wt, b = rnd(2, 5, 3, density=0.5, seed=3), rnd(2, density=1, seed=4)
+    dense_args = {"input1": x1, "weight": Wt, "input2": x2}
+    args = {k: (scorch.as_sparse(v, "coo" if v.dim() == 3 else "csr") if k == sparse_arg else v.clone())
+            for k, v in dense_args.items()}
+    args[sparse_arg].requires_grad_()
+    ref = {k: v.clone().requires_grad_(k == sparse_arg) for k, v in dense_args.items()}
+    with no_fallback():
+        got = torch.nn.functional.bilinear(args["input1"], args["input2"], args["weight"], b)
+        (got * torch.arange(8.0, dtype=torch.float64).reshape(4, 2)).sum().backward()
+    want = torch.nn.functional.bilinear(ref["input1"], ref["input2"], ref["weight"], b)
+    (want * torch.arange(8.0, dtype=torch.float64).reshape(4, 2)).sum().backward()
+    torch.testing.assert_close(dense(got), want)
+    mask = dense_args[sparse_arg] != 0
+    torch.testing.assert_close(dense(args[sparse_arg].grad), ref[sparse_arg].grad * mask)
+    with pytest.raises(ValueError, match="bilinear: weight must be 3-d"):
+        torch.nn.functional.bilinear(args["input1"], args["input2"], scorch.as_sparse(x1, "csr"))
+    with pytest.raises(ValueError, match="must be at least 1-d with the same leading dims"):
+        torch.nn.functional.bilinear(args["input1"][:3], args["input2"], args["weight"])
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo"])
+def test_cross_products_stay_sparse(fmt):
+    """torch.linalg.cross / torch.cross of sparse 3-vectors: sparse (the union of the products'
+    patterns), broadcasting like torch; oracle: dense torch."""
+    a, b = rnd(6, 3, seed=1), rnd(6, 3, seed=2)
+    A, B = scorch.as_sparse(a, fmt), scorch.as_sparse(b, fmt)
+    with no_fallback():
+        got = torch.linalg.cross(A, B)
+        cases = [(got, torch.linalg.cross(a, b)), (torch.linalg.cross(A, b[:1]), torch.linalg.cross(a, b[:1])),
+                 (torch.linalg.cross(A.t(), B.t(), dim=0), torch.linalg.cross(a.t(), b.t(), dim=0)),
+                 (A.cross(B, dim=1), a.cross(b, dim=1)), (torch.cross(A, B, dim=-1), torch.cross(a, b, dim=-1))]
+    assert isinstance(got, scorch.SparseTensor)
+    for got, want in cases:
+        torch.testing.assert_close(dense(got), want)
+    with pytest.warns(UserWarning, match="without specifying the dim arg is deprecated"):
+        torch.testing.assert_close(dense(torch.cross(A.t(), B.t())), torch.linalg.cross(a.t(), b.t(), dim=0))
+    with pytest.raises(ValueError, match=r"linalg.cross: input \(6, 3\) must have size 3 at dim 0"):
+        torch.linalg.cross(A, B, dim=0)
+    with pytest.raises(ValueError, match="the same number of dims .as in torch., got 2-d and 1-d"):
+        torch.linalg.cross(A, b[0])

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
 from .._dispatch import accepts_out, broadcast_shapes, implements
 from ..compiler import permute
-from ..errors import ScorchValueError
+from ..errors import NotSupportedError, ScorchValueError
 from ..interop import is_sparse
 from ..tensor import SparseTensor
 from .einsum import einsum, einsum_add
@@ -133,6 +134,50 @@ def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
     return _scaled_sum("bij,bjk->bik", input, batch1, batch2, beta, alpha)
 
 
+@implements(torch.addbmm, torch.Tensor.addbmm)
+@accepts_out
+def addbmm(input, batch1, batch2, *, beta=1, alpha=1):
+    """``beta * input + alpha * sum_b batch1[b] @ batch2[b]`` over 3-d batches."""
+    if batch1.dim() != 3 or batch2.dim() != 3:
+        raise ScorchValueError(f"addbmm: expects 3-d batches, got {batch1.dim()}-d and {batch2.dim()}-d")
+    return _scaled_sum("bij,bjk->ik", input, batch1, batch2, beta, alpha)
+
+
+@implements(torch.addr, torch.Tensor.addr)
+@accepts_out
+def addr(input, vec1, vec2, *, beta=1, alpha=1):
+    """``beta * input + alpha * outer(vec1, vec2)`` (sparse where both vectors are)."""
+    if vec1.dim() != 1 or vec2.dim() != 1:
+        raise ScorchValueError(f"addr: expects 1-d vectors, got {vec1.dim()}-d and {vec2.dim()}-d")
+    return _scaled_sum("i,j->ij", input, vec1, vec2, beta, alpha)
+
+
+def _written_into_self(name: str, op):
+    """The in-place form ``self.<name>(...)`` of the out-of-place ``op`` for a dense ``self``
+    (``dense.addmm_(A, X)``): the result copied into ``self``, whose shape it must keep."""
+    def in_place(self, *args, **kwargs):
+        if is_sparse(self):
+            raise NotSupportedError(f"{name}: writing a product into a sparse tensor in place is not supported "
+                                    f"(its pattern would change); use torch.{name[:-1]}, or x.to_dense() first")
+        result = op(self, *args, **kwargs)
+        if is_sparse(result):
+            result = result.to_dense()
+        if tuple(result.shape) != tuple(self.shape):
+            raise ScorchValueError(f"{name}: the result has shape {tuple(result.shape)}, but self has "
+                                   f"{tuple(self.shape)} (an in-place op cannot broadcast self)")
+        if not torch.can_cast(result.dtype, self.dtype):
+            raise ScorchValueError(f"{name}: the result has dtype {result.dtype}, which self's {self.dtype} "
+                                   "cannot hold")
+        return self.copy_(result)
+    in_place.__name__ = name
+    return in_place
+
+
+for _name, _op in (("addmm_", addmm), ("addmv_", addmv), ("baddbmm_", baddbmm), ("addbmm_", addbmm),
+                   ("addr_", addr)):
+    implements(getattr(torch.Tensor, _name))(_written_into_self(_name, _op.__wrapped__))
+
+
 def _scaled_sum(equation, input, a, b, beta, alpha):
     """``beta * input + alpha * einsum(equation, a, b)``, torch's addmm rules: with ``beta == 0``
     ``input`` is ignored (NaNs too) but still broadcasts; a dense ``input`` with both factors 1
@@ -236,3 +281,53 @@ def tensordot(a, b, dims=2):
         tb[y] = ta[x]
     out_idx = [c for d, c in enumerate(ta) if d not in da] + [c for d, c in enumerate(tb) if d not in db]
     return einsum(f"{''.join(ta)},{''.join(tb)}->{''.join(out_idx)}", a, b)
+
+
+@implements(torch.nn.functional.bilinear)
+def bilinear(input1, input2, weight, bias=None):
+    """``y[..., o] = sum_ij input1[..., i] weight[o, i, j] input2[..., j] + bias[o]`` (``nn.Bilinear``)
+    as one three-operand einsum: any of them sparse."""
+    if weight.dim() != 3:
+        raise ScorchValueError(f"bilinear: weight must be 3-d (out, in1, in2), got {weight.dim()}-d")
+    if input1.dim() == 0 or tuple(input1.shape[:-1]) != tuple(input2.shape[:-1]):
+        raise ScorchValueError(f"bilinear: input1 {tuple(input1.shape)} and input2 {tuple(input2.shape)} must be "
+                               "at least 1-d with the same leading dims")
+    if (input1.shape[-1], input2.shape[-1]) != tuple(weight.shape[1:]):
+        raise ScorchValueError(f"bilinear: weight {tuple(weight.shape)} does not match the inputs' last dims "
+                               f"{input1.shape[-1]} and {input2.shape[-1]}")
+    out = einsum("...i,oij,...j->...o", input1, weight, input2)
+    return out if bias is None else out + bias
+
+
+@implements(torch.linalg.cross)
+@accepts_out
+def linalg_cross(input, other, *, dim=-1):
+    """``torch.linalg.cross`` of 3-vectors along ``dim`` (other dims broadcast): each component a
+    difference of two products of the operands' other components (sparse operands: sparse)."""
+    if input.dim() != other.dim():
+        raise ScorchValueError(f"linalg.cross: the operands must have the same number of dims (as in torch), got "
+                               f"{input.dim()}-d and {other.dim()}-d")
+    for name, x in (("input", input), ("other", other)):
+        if not -x.dim() <= dim < x.dim() or x.shape[dim] != 3:
+            raise ScorchValueError(f"linalg.cross: {name} {tuple(x.shape)} must have size 3 at dim {dim}")
+    i1, i2 = torch.tensor([1, 2, 0]), torch.tensor([2, 0, 1])
+    d = dim % input.dim()
+    a1, a2 = input.index_select(d, i1), input.index_select(d, i2)
+    b1, b2 = other.index_select(d, i1), other.index_select(d, i2)
+    return a1 * b2 - a2 * b1
+
+
+@implements(torch.cross, torch.Tensor.cross)
+@accepts_out
+def cross(input, other, dim=None):
+    """``torch.cross``: ``dim=None`` takes the first dim of size 3, with torch's warning."""
+    if dim is None:
+        warnings.warn("Using torch.cross without specifying the dim arg is deprecated.\nPlease either pass the dim "
+                      "explicitly or simply use torch.linalg.cross.\nThe default value of dim will change to agree "
+                      "with that of linalg.cross in a future release.", UserWarning, stacklevel=2)
+        shape = broadcast_shapes(input.shape, other.shape)
+        dim = next((d for d, n in enumerate(shape) if n == 3), None)
+        if dim is None:
+            raise ScorchValueError(f"cross: no dim of size 3 in {tuple(shape)}")
+        dim -= len(shape)
+    return linalg_cross.__wrapped__(input, other, dim=dim)
