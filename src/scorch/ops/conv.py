@@ -1,0 +1,235 @@
+"""Convolutions with a sparse weight (a pruned CNN): one generated einsum over a window view.
+
+``conv2d(x, W)`` is ``y[n, o, h, w] = sum_{c, i, j} W[o, c, i, j] * xp[n, c, h*s + i*d, w*s + j*d]``
+(``xp``: ``x`` zero-padded).  ``Tensor.unfold`` gives that second operand as a strided view of
+``xp`` -- no im2col copy -- indexed ``[n, c, i, j, h, w]`` so the output's last dim has unit
+stride and the kernel's innermost loop vectorises: for each stored weight, a shifted plane of
+the input is added into the output plane.  Gradients go through the einsum (the weight's in its
+pattern) and the view (torch's unfold backward into the padded input).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import config
+from .._dispatch import as_torch_runs, implements
+from ..errors import ScorchValueError
+from ..interop import is_sparse
+from ..tensor import SparseTensor
+from ._pattern import project
+from .einsum import einsum
+from .shape import take_positions
+
+# Densities of the weight above which torch's dense convolution (oneDNN) of the densified weight
+# is faster than the sparse kernels here, forward alone and forward + backward (a training step:
+# the input's gradient is a second sparse convolution, the weight's an SDDMM): measured by
+# benchmarks/bench_conv.py on ResNet-shaped 3x3 / 1x1 layers and a 5x5 stem (2 cores, AVX-512),
+# where the forward's geometric-mean speedup was 0.9x at 10% density and 1.7x at 5%, the
+# training step's 0.8x at 5% and 1.2x at 2%.  ``scorch.config.dense_threshold`` overrides both.
+DENSE_FROM, DENSE_FROM_TRAINING = 0.07, 0.03
+
+_KERNEL, _OUT = "ijk", "xyz"   # letters of the kernel's and the output's spatial dims
+
+
+def _tuple(value, nd: int, what: str, name: str) -> tuple:
+    vals = (value,) * nd if isinstance(value, int) else tuple(value)
+    if len(vals) == 1:
+        vals = vals * nd
+    if len(vals) != nd or not all(isinstance(v, int) for v in vals):
+        raise ScorchValueError(f"{name}: {what} must be an int or {nd} ints, got {value!r}")
+    return vals
+
+
+def _sparse_path(weight: SparseTensor, training: bool) -> bool:
+    if config.dispatch in ("sparse", "dense"):
+        return config.dispatch == "sparse"
+    limit = config.dense_threshold
+    limit = (DENSE_FROM_TRAINING if training else DENSE_FROM) if limit is None else float(limit)
+    return weight.nnz < limit * max(weight.numel(), 1)
+
+
+def _conv(nd: int, func):
+    name = func.__name__
+
+    def conv(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        if not isinstance(weight, SparseTensor) or is_sparse(bias):
+            return as_torch_runs(func, input, weight, bias, stride, padding, dilation, groups)
+        if is_sparse(input):
+            input = input.to_dense()       # the window view needs strided memory
+        if weight.dim() != nd + 2:
+            raise ScorchValueError(f"{name}: weight must be {nd + 2}-d (out_channels, in_channels / groups, "
+                                   f"kernel...), got {weight.dim()}-d")
+        if input.dim() not in (nd + 1, nd + 2):
+            raise ScorchValueError(f"{name}: input must be {nd + 1}-d (unbatched) or {nd + 2}-d (batched), "
+                                   f"got {input.dim()}-d")
+        if input.dtype != weight.dtype:
+            raise ScorchValueError(f"{name}: input ({input.dtype}) and weight ({weight.dtype}) must have one dtype")
+        training = torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad)
+        if not _sparse_path(weight, training):
+            return func(input, weight.to_dense(), bias, stride, padding, dilation, groups)
+        batched = input.dim() == nd + 2
+        x = input if batched else input.unsqueeze(0)
+        out_c, group_c, *ks = weight.shape
+        n, c = x.shape[:2]
+        if not isinstance(groups, int) or groups < 1 or c != group_c * groups or out_c % groups:
+            raise ScorchValueError(f"{name}: groups={groups!r} does not split input channels {c} into weight's "
+                                   f"{group_c} per group and out_channels {out_c} evenly")
+        s = _tuple(stride, nd, "stride", name)
+        d = _tuple(dilation, nd, "dilation", name)
+        if min(s) < 1 or min(d) < 1:
+            raise ScorchValueError(f"{name}: stride and dilation must be positive, got {s} and {d}")
+        pads = _padding(padding, nd, ks, s, d, name)
+        for k in range(nd):
+            if x.shape[2 + k] + sum(pads[k]) < d[k] * (ks[k] - 1) + 1:
+                raise ScorchValueError(f"{name}: the padded input's size {x.shape[2 + k] + sum(pads[k])} at spatial "
+                                       f"dim {k} is smaller than the dilated kernel's {d[k] * (ks[k] - 1) + 1}")
+        geometry = (s, tuple(pads), d, groups)
+        if training:
+            y = _SparseConv.apply(x, weight, geometry)
+        else:
+            y = _forward(x, weight, geometry)
+        if bias is not None:
+            y = y + bias.reshape(out_c, *([1] * nd))
+        return y if batched else y.squeeze(0)
+
+    conv.__name__ = conv.__qualname__ = name
+    conv.__doc__ = f"``torch.{name}`` with a sparse weight: one generated einsum over a window view of the input."
+    return conv
+
+
+def _forward(x, weight: SparseTensor, geometry) -> torch.Tensor:
+    """The convolution of the batched ``x`` with ``weight`` (``geometry``: strides, ``(before,
+    after)`` padding per spatial dim, dilations, groups), no autograd."""
+    return _windowed_product(_windows(x, weight.shape[2:], geometry), weight, geometry[3], len(geometry[0]))
+
+
+def _windows(x, ks, geometry) -> torch.Tensor:
+    """The padded ``x``'s windows as a strided view ``(n, c, kernel..., out...)``, no copy
+    (beyond the padding's)."""
+    s, pads, d, _ = geometry
+    nd = len(s)
+    if any(map(any, pads)):
+        x = torch.nn.functional.pad(x, [p for lo_hi in reversed(pads) for p in lo_hi])
+    for k in range(nd):     # windows along each spatial dim: (n, c, out..., span...)
+        x = x.unfold(2 + k, d[k] * (ks[k] - 1) + 1, s[k])
+    if max(d) > 1:
+        x = x[(Ellipsis,) + tuple(slice(None, None, dk) for dk in d)]
+    return x.permute(0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd))
+
+
+class _SparseConv(torch.autograd.Function):
+    """The convolution, differentiable: the input's gradient is itself a sparse convolution (of
+    the output's gradient, strided apart by zeros, with the weight flipped and its channel dims
+    swapped), not the einsum's dense gradient of the window view (kernel-size times the input);
+    the weight's gradient is one dot product per stored entry (an SDDMM-like einsum)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, geometry):
+        ctx.geometry = geometry
+        ctx.save_for_backward(x, weight)
+        return _forward(x, weight, geometry)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, weight = ctx.saved_tensors
+        gx = _input_grad(gy, weight, tuple(x.shape), ctx.geometry) if ctx.needs_input_grad[0] else None
+        gw = _weight_grad(gy, x, weight, ctx.geometry) if ctx.needs_input_grad[1] else None
+        return gx, gw, None
+
+
+def _input_grad(gy, weight: SparseTensor, x_shape, geometry) -> torch.Tensor:
+    s, pads, d, groups = geometry
+    nd, (out_c, group_c, *ks) = len(s), weight.shape
+    spans = [dk * (k - 1) + 1 for dk, k in zip(d, ks)]
+    if max(s) > 1:   # the output's gradient at its windows' starts in the padded input, zeros between
+        gz = gy.new_zeros(*gy.shape[:2], *[(n - 1) * sk + 1 for n, sk in zip(gy.shape[2:], s)])
+        gz[(Ellipsis,) + tuple(slice(None, None, sk) for sk in s)] = gy
+        gy = gz
+    flipped = _flipped(weight, groups)
+    full = _forward(gy, flipped, ((1,) * nd, tuple((sp - 1, sp - 1) for sp in spans), d, groups))
+    # ``full`` covers the padded input up to the last window's end: zeros after it, the padding cut
+    crop = []
+    for k in reversed(range(nd)):
+        lo, hi = pads[k]
+        padded = x_shape[2 + k] + lo + hi
+        crop += [-lo, padded - full.shape[2 + k] - hi]
+    return torch.nn.functional.pad(full, crop)
+
+
+def _flipped(weight: SparseTensor, groups: int) -> SparseTensor:
+    """``weight`` with each group's channel dims swapped and its kernel reversed (the weight of
+    the input's gradient).  The pattern, holding each entry's position in ``weight.values()``,
+    is built once per weight pattern and kept on its index array (as convert's derived arrays
+    are); each call gathers the current values into it (training changes values, not patterns)."""
+    holder = next(c for c in reversed(weight._crd) if c is not None)
+    cached = getattr(holder, "_scorch_conv_flipped", None)
+    if cached is None or cached[0] != groups:
+        out_c, group_c, *ks = weight.shape
+        ids = weight._like(values=torch.arange(1, weight._values.numel() + 1, dtype=torch.float64),
+                           nnz=weight._stored)
+        if groups > 1:
+            ids = ids.reshape(groups, out_c // groups, group_c, *ks).transpose(1, 2) \
+                .reshape(groups * group_c, out_c // groups, *ks)
+        else:
+            ids = ids.transpose(0, 1)
+        cached = (groups, ids.flip(list(range(2, weight.dim()))))
+        holder._scorch_conv_flipped = cached
+    return take_positions(cached[1], weight._values)
+
+
+def _weight_grad(gy, x, weight: SparseTensor, geometry) -> SparseTensor:
+    s, pads, d, groups = geometry
+    nd = len(s)
+    mask = weight._like(values=torch.ones_like(weight._values), nnz=weight._stored)
+    out_c, group_c, *ks = weight.shape
+    kern, outs = _KERNEL[:nd], _OUT[:nd]
+    view = _windows(x, ks, geometry)
+    if groups == 1:
+        g = einsum(f"oc{kern},no{outs},nc{kern}{outs}->oc{kern}", mask, gy, view)
+    else:
+        mask = mask.reshape(groups, out_c // groups, group_c, *ks)
+        g = einsum(f"goc{kern},ngo{outs},ngc{kern}{outs}->goc{kern}", mask, gy.unflatten(1, (groups, -1)),
+                   view.unflatten(1, (groups, group_c))).reshape(weight.shape)
+    return weight._like(values=project(g, weight).to(weight.dtype), nnz=weight._stored)
+
+
+def _windowed_product(view, weight: SparseTensor, groups: int, nd: int) -> torch.Tensor:
+    """``y[n, o, out...] = sum W[o, c, kernel...] * view[n, c, kernel..., out...]``, per group.
+    The kernel's outer loop runs over the batch, split across threads; with fewer samples than
+    threads the batch goes inside the weight's loops instead (the output channels are split)."""
+    kern, outs = _KERNEL[:nd], _OUT[:nd]
+    g = "g" if groups > 1 else ""
+    out_c, group_c, *ks = weight.shape
+    if groups > 1:
+        view = view.unflatten(1, (groups, group_c))                     # (n, g, c, ...)
+        weight = weight.reshape(groups, out_c // groups, group_c, *ks)
+    if view.shape[0] >= torch.get_num_threads():
+        y = einsum(f"{g}oc{kern},n{g}c{kern}{outs}->n{g}o{outs}", weight, view)
+    else:
+        view = view.movedim(0, 2 if groups > 1 else 1)                  # the batch after the channels
+        y = einsum(f"{g}oc{kern},{g}cn{kern}{outs}->{g}on{outs}", weight, view)
+        y = y.movedim(2 if groups > 1 else 1, 0).contiguous()
+    return y.flatten(1, 2) if groups > 1 else y
+
+
+def _padding(padding, nd, ks, s, d, name) -> list:
+    """``(before, after)`` zeros per spatial dim, as torch pads for ``padding`` (ints, ``"valid"``,
+    ``"same"``: the dilated kernel's extent less one, the odd one after)."""
+    if padding == "valid":
+        return [(0, 0)] * nd
+    if padding == "same":
+        if max(s) > 1:
+            raise ScorchValueError(f"{name}: padding='same' is not supported for strided convolutions (as in torch)")
+        total = [dk * (k - 1) for dk, k in zip(d, ks)]
+        return [(t // 2, t - t // 2) for t in total]
+    if isinstance(padding, str):
+        raise ScorchValueError(f"{name}: padding must be 'valid', 'same', an int or {nd} ints, got {padding!r}")
+    p = _tuple(padding, nd, "padding", name)
+    if min(p) < 0:
+        raise ScorchValueError(f"{name}: padding must be non-negative, got {p}")
+    return [(v, v) for v in p]
+
+
+for _nd, _func in ((1, torch.conv1d), (2, torch.conv2d), (3, torch.conv3d)):
+    implements(_func)(_conv(_nd, _func))
