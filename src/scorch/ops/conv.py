@@ -4,8 +4,9 @@
 (``xp``: ``x`` zero-padded).  ``Tensor.unfold`` gives that second operand as a strided view of
 ``xp`` -- no im2col copy -- indexed ``[n, c, i, j, h, w]`` so the output's last dim has unit
 stride and the kernel's innermost loop vectorises: for each stored weight, a shifted plane of
-the input is added into the output plane.  Gradients go through the einsum (the weight's in its
-pattern) and the view (torch's unfold backward into the padded input).
+the input is added into the output plane.  The input's gradient is another such convolution
+(of the output's gradient with the flipped weight), the weight's is taken in its pattern.
+Above a measured density the dense convolution of the densified weight runs instead.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from .einsum import einsum
 from .shape import take_positions
 
 # Densities of the weight above which torch's dense convolution (oneDNN) of the densified weight
-# is faster than the sparse kernels here, forward alone and forward + backward (a training step:
-# the input's gradient is a second sparse convolution, the weight's an SDDMM): measured by
-# benchmarks/bench_conv.py on ResNet-shaped 3x3 / 1x1 layers and a 5x5 stem (2 cores, AVX-512),
-# where the forward's geometric-mean speedup was 0.9x at 10% density and 1.7x at 5%, the
-# training step's 0.8x at 5% and 1.2x at 2%.  ``scorch.config.dense_threshold`` overrides both.
-DENSE_FROM, DENSE_FROM_TRAINING = 0.07, 0.03
+# runs instead of the sparse kernels, forward alone and forward + backward (a training step: the
+# input's gradient is a second sparse convolution, the weight's an SDDMM).  Measured by
+# benchmarks/bench_conv.py on ResNet-shaped 3x3 / 1x1 layers and a 5x5 stem (2 cores, AVX-512):
+# the forward's geometric-mean speedup over the dense convolution was 0.5x at 20% density, 0.9x
+# at 10%, 1.6x at 5%; the training step's 0.7x at 10%, 1.05x at 5%, 1.9x at 2%.  The dense
+# path also pays for densifying the weight (about 1 ms for a 256 x 256 x 3 x 3 one), so the
+# lines sit a little above the crossovers.  ``scorch.config.dense_threshold`` overrides both.
+DENSE_FROM, DENSE_FROM_TRAINING = 0.12, 0.06
 
 _KERNEL, _OUT = "ijk", "xyz"   # letters of the kernel's and the output's spatial dims
 
