@@ -19,6 +19,7 @@ from .._dispatch import implements
 from ..compiler import driver
 from ..compiler.notation import parse, permutation
 from ..errors import NotSupportedError, ScorchValueError
+from ..interop import is_torch_sparse
 from ..tensor import SparseTensor
 from ._pattern import project
 
@@ -77,7 +78,7 @@ def _diagonals(equation: str, operands: tuple):
     ops = list(operands)
     for k, term, uniq in repeats:
         x = ops[k]
-        if isinstance(x, torch.Tensor) and not isinstance(x, SparseTensor) and x.layout != torch.strided:
+        if is_torch_sparse(x):
             x = driver._operands((x,))[0]
         ops[k] = _sparse_diagonal(x, term, k, equation) if isinstance(x, SparseTensor) \
             else torch.einsum(f"{term}->{uniq}", x)
