@@ -507,3 +507,21 @@ def test_scattering_products_keep_per_thread_copies_when_rows_are_long():
     x = rnd(30, 4, density=1)
     plan = check("ji,jk->ik", scorch.as_sparse(x, "csr"), rnd(30, 2, density=1, seed=3))
     assert plan.parallel == "buffers"
+
+
+@pytest.mark.parametrize("levels", [("compressed", "padded"), ("compressed", "compressed", "padded"),
+                                    ("dense", "compressed", "padded"), ("dense", "padded")])
+def test_padded_level_under_stored_levels_reads_its_slots_per_call(levels):
+    """A cached call over a padded level under stored ones: the slots per position come from
+    each operand's own arrays, not from the first call's (an empty operand of the same shape
+    first baked 0 slots in, and later calls silently summed nothing)."""
+    from scorch import Format, Level
+    fmt = Format(tuple(Level(kind) for kind in levels))
+    shape = (5, 6, 7)[:len(levels)]
+    v = rnd(shape[-1], density=1, seed=9)
+    eq = "ab,b->a" if len(levels) == 2 else "abc,c->ab"
+    for density, seed in [(0.0, 1), (0.3, 2), (1.0, 3), (0.1, 4), (0.3, 5)]:
+        x = rnd(*shape, density=density, seed=seed)
+        A = scorch.as_sparse(x, fmt)
+        torch.testing.assert_close(scorch.einsum(eq, A, v), torch.einsum(eq, x, v))
+        torch.testing.assert_close(A.to_dense(), x)

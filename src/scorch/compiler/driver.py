@@ -553,7 +553,10 @@ def _layout(kernel, size, ops, views=()):
                 buffers[kind] = slot
             else:
                 t, k = (p.role[1:] + (None, None))[:2]
-                per = _positions_above(ops[t], k) if kind == "slots" else None
+                # positions above a padded level: fixed by the shape when only dense levels are
+                # above it, else read off the operand on every call (-1: they depend on its data)
+                per = (_positions_above(ops[t], k) if all(lv.kind == "dense" for lv in ops[t].format.levels[:k])
+                       else -1) if kind == "slots" else None
                 entries.append((slot, kind, t, k, per))
     entries = tuple(entries)
     fill = _FILLERS.get(entries)
@@ -589,8 +592,9 @@ def _finish(result, out_dtype, format):
 
 
 # How a call finds each argument read from its operands (``t``: the operand or init index, ``k``:
-# the level; ``per``: positions above a padded level).  Only the compiler's own ints are
-# substituted: the filler generated from these (:func:`_filler`) runs no user text.
+# the level; ``per``: positions above a padded level, -1 where the data decides them).  Only the
+# compiler's own ints are substituted: the filler generated from these (:func:`_filler`) runs no
+# user text.
 _ARG_EXPR = {
     "nthreads": "nthreads",
     "init": "init[{t}].data_ptr()",
@@ -622,6 +626,8 @@ def _arg_expr(kind, t, k, per) -> str:
     """The Python expression reading one argument off the operands (:data:`_ARG_EXPR`)."""
     if kind not in _ARG_EXPR:
         raise InternalError(f"driver: no argument expression for {kind!r}")
+    if kind == "slots" and per == -1:
+        return f"padded_slots(ops[{int(t or 0)}], {int(k or 0)})"
     if kind == "slots" and not per:
         return "0"
     return _ARG_EXPR[kind].format(t=int(t or 0), k=int(k or 0), per=int(per or 0))
@@ -630,7 +636,8 @@ def _arg_expr(kind, t, k, per) -> str:
 def _compiled_function(lines, name, filename, scope):
     """The function ``name`` defined by ``lines`` (text built from the compiler's own ints and
     :data:`_ARG_EXPR` only), with ``scope`` and the argument expressions' helpers as globals."""
-    scope = {"entry_parents": convert.entry_parents, "entry_heads": convert.entry_heads, **scope}
+    scope = {"entry_parents": convert.entry_parents, "entry_heads": convert.entry_heads, "padded_slots": _padded_slots,
+             **scope}
     exec(compile("\n".join(lines), filename, "exec"), scope)
     return scope[name]
 
@@ -805,6 +812,13 @@ def _assemble(call, nthreads, out_shape, width, cdtype):
     pos = (None,) * (n - 1) + (rowpos.to(idx),)
     crds = (None,) * (n - 1) + (crd,)
     return SparseTensor(fmt, out_shape, pos, crds, vals, nnz=nnz)
+
+
+def _padded_slots(x: SparseTensor, k: int) -> int:
+    """Slots per position of the padded level ``k`` of ``x`` (its stored arrays' count over the
+    positions above it)."""
+    per = _positions_above(x, k)
+    return x._crd[k].numel() // per if per else 0
 
 
 def _positions_above(x: SparseTensor, k: int) -> int:
