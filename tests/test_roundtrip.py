@@ -5,8 +5,10 @@ same values (``torch.equal``), the same dtype and the same shape, and the
 stored-entry count must match what the format stores.
 """
 
+import contextlib
 import math
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -931,3 +933,42 @@ def test_bsr_to_plain_formats_without_sorting(block, dst, shape):
             for mine, theirs in ((got._pos[k], pos[k]), (got._crd[k], crd[k])):
                 assert (mine is None) == (theirs is None) and (mine is None or torch.equal(mine, theirs))
         assert torch.equal(got.values(), want_vals) and torch.equal(got.to_dense(), x)
+
+
+@contextlib.contextmanager
+def copy_kernel_always():
+    """to_dense through the generated copy kernel from the first stored entry (not 4096)."""
+    from scorch.compiler import build
+    if not build.have_compiler():
+        pytest.skip("no C compiler")
+    module = sys.modules["scorch.tensor"]   # (the attribute scorch.tensor is torch's)
+    saved, module._KERNEL_DENSE_MIN = module._KERNEL_DENSE_MIN, 0
+    try:
+        yield
+    finally:
+        module._KERNEL_DENSE_MIN = saved
+
+
+@pytest.mark.parametrize("shape", [(7, 9), (4, 6), (3, 4, 5), (4, 6, 0, 2), (12,)])
+def test_to_dense_by_the_copy_kernel_every_format(shape):
+    """The generated copy kernel's to_dense (every preset, the user formats, BSR / BSC, both
+    float dtypes, empty and zero-size tensors) equals the dense tensor the operand came from."""
+    with copy_kernel_always():
+        _copies_every_format(shape)
+
+
+def _copies_every_format(shape):
+    for dtype in FLOAT_DTYPES:
+        for density in (0.0, 0.3, 1.0):
+            x = make_dense(shape, density, seed=len(shape), dtype=dtype)
+            for fmt in all_formats(shape, block=(2, 3) if shape == (4, 6) else None):
+                A = scorch.as_sparse(x, fmt)
+                assert_dense_equal(A.to_dense(), x)
+
+
+@examples(40)
+@given(case=tensor_and_random_format())
+def test_to_dense_by_the_copy_kernel_random_format(case):
+    x, fmt = case
+    with copy_kernel_always():
+        assert_dense_equal(scorch.as_sparse(x, fmt).to_dense(), x)
