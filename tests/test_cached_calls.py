@@ -1,0 +1,101 @@
+"""Property test: a cached einsum call (the same equation, formats, shapes and strides as an
+earlier one, so the bound kernel runs without planning) gives what a fresh call gives on
+its own data -- nothing of the first call's data may be baked into the cache.  Operands in
+random level formats (dense / compressed / padded levels, COO-like chains, any mode order);
+oracle: torch.einsum on the densified operands of each call."""
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import scorch
+from scorch.compiler import build
+
+from strategies import level_formats
+
+pytestmark = pytest.mark.skipif(not build.have_compiler(), reason="no C compiler")
+
+_SCALE = float(os.environ.get("CACHED_CALLS_EXAMPLES_SCALE", "1"))
+LETTERS = "ijkl"
+
+
+@st.composite
+def problems(draw):
+    """An equation, one (format or None) per operand, and two data sets of the same shapes."""
+    nops = draw(st.integers(1, 3))
+    letters = LETTERS[:draw(st.integers(1, 4))]
+    sizes = {c: draw(st.integers(0, 5)) for c in letters}
+    terms = ["".join(draw(st.permutations(letters))[:draw(st.integers(1, min(3, len(letters))))])
+             for _ in range(nops)]
+    used = sorted(set("".join(terms)))
+    out = "".join(draw(st.permutations(used))[:draw(st.integers(0, len(used)))])
+    fmts = [draw(level_formats(len(t))) if k == 0 or draw(st.booleans()) else None for k, t in enumerate(terms)]
+    calls = []
+    for _ in range(2):
+        g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+        ops = []
+        for t, fmt in zip(terms, fmts):
+            shape = tuple(sizes[c] for c in t)
+            density = draw(st.sampled_from([0.0, 0.2, 0.6, 1.0]))
+            x = torch.randn(shape, generator=g, dtype=torch.float64) * (torch.rand(shape, generator=g) < density)
+            ops.append(x if fmt is None else scorch.as_sparse(x, fmt))
+        calls.append(ops)
+    return ",".join(terms) + "->" + out, calls
+
+
+def dense(x):
+    return x.to_dense() if isinstance(x, scorch.SparseTensor) else x
+
+
+@settings(max_examples=max(1, int(150 * _SCALE)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=problems())
+def test_a_cached_call_reads_only_its_own_operands(problem):
+    equation, calls = problem
+    saved, scorch.config.dispatch = scorch.config.dispatch, "sparse"
+    try:
+        for ops in calls:   # the second call runs the kernel bound by the first
+            got = scorch.einsum(equation, *ops)
+            want = torch.einsum(equation, *[dense(x) for x in ops])
+            torch.testing.assert_close(dense(got), want, atol=1e-9, rtol=1e-9)
+    finally:
+        scorch.config.dispatch = saved
+
+
+OPS = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - 2 * b, "mul": lambda a, b: a * b,
+    "maximum": torch.maximum, "where": lambda a, b: torch.where(a > 0, a, b),
+    "atan2": torch.atan2, "matmul": lambda a, b: a @ b.t(), "sum": lambda a, b: (a * b).sum(1),
+}
+
+
+@st.composite
+def op_pairs(draw):
+    """An op, a shape, a format per operand (None: dense), and two data sets."""
+    shape = (draw(st.integers(0, 6)), draw(st.integers(0, 6)))
+    fmts = [draw(level_formats(2)), draw(st.one_of(st.none(), level_formats(2)))]
+    calls = []
+    for _ in range(2):
+        g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+        pair = []
+        for fmt in fmts:
+            density = draw(st.sampled_from([0.0, 0.3, 1.0]))
+            x = torch.randn(shape, generator=g, dtype=torch.float64) * (torch.rand(shape, generator=g) < density)
+            pair.append(x if fmt is None else scorch.as_sparse(x, fmt))
+        calls.append(pair)
+    return draw(st.sampled_from(sorted(OPS))), calls
+
+
+@settings(max_examples=max(1, int(150 * _SCALE)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=op_pairs())
+def test_torch_ops_called_again_on_new_data_read_only_it(problem):
+    """The same torch op twice on operands of one signature (formats, shapes) but other data:
+    elementwise (intersections, unions carrying positions), matmul and reductions each time
+    against the op on the dense operands."""
+    name, calls = problem
+    for a, b in calls:
+        got = OPS[name](a, b)
+        want = OPS[name](dense(a), dense(b))
+        torch.testing.assert_close(dense(got), want, atol=1e-9, rtol=1e-9, equal_nan=True)
