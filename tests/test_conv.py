@@ -153,3 +153,41 @@ def test_conv_dispatch_errors_and_dense_paths(monkeypatch):
         F.conv2d(x[:, :, :4, :4], W, dilation=2)
     with pytest.raises(ValueError, match=r"stride must be an int or 2 ints, got \(1, 2, 3\)"):
         F.conv2d(x, W, stride=(1, 2, 3))
+
+
+TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+# (batch, in_channels, out_channels, size, kernel, stride, padding, output_padding, groups, dilation)
+TRANSPOSED = [(2, 4, 6, 5, 3, 1, 1, 0, 1, 1), (1, 4, 6, 4, 2, 2, 0, 1, 2, 1), (3, 6, 4, 4, 3, 2, 1, 1, 2, 2),
+              (2, 3, 2, 3, 4, 3, 2, 2, 1, 1), (1, 4, 4, 4, 3, 1, 0, 1, 4, 2)]
+
+
+@pytest.mark.parametrize("nd,layer", list(itertools.product([1, 2, 3], TRANSPOSED)))
+def test_conv_transpose_with_a_sparse_weight_and_its_gradients(sparse_kernels, nd, layer):
+    """conv_transpose1d/2d/3d (strides, padding, output_padding, groups, dilation, bias,
+    unbatched input) as the adjoint of the sparse convolution, and its input's and weight's
+    gradients; oracle: the same calls with the dense weight."""
+    n, c, o, size, k, s, p, op, g, d = layer
+    x, w, b = rnd(n, c, *([size] * nd), seed=1), rnd(c, o // g, *([k] * nd), density=0.4, seed=2), rnd(o, seed=3)
+    W = scorch.as_sparse(w, "csf").requires_grad_()
+    xs, xd, wd = x.clone().requires_grad_(), x.clone().requires_grad_(), w.clone().requires_grad_()
+    conv = TRANSPOSE[nd]
+    got, want = conv(xs, W, b, s, p, op, g, d), conv(xd, wd, b, s, p, op, g, d)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want)
+    gy = rnd(*want.shape, seed=4)
+    got.backward(gy)
+    want.backward(gy)
+    torch.testing.assert_close(xs.grad, xd.grad)
+    torch.testing.assert_close(W.grad.to_dense(), wd.grad * (w != 0))
+    with torch.no_grad():
+        torch.testing.assert_close(conv(x[0], W, None, s, p, op, g, d), conv(x[0], w, None, s, p, op, g, d))
+
+
+def test_conv_transpose_errors(sparse_kernels):
+    x, W = rnd(2, 4, 5, 5), scorch.as_sparse(rnd(4, 3, 3, 3, density=0.4), "coo")
+    with pytest.raises(ValueError, match="output_padding .2, 2. must be smaller than either stride"):
+        F.conv_transpose2d(x, W, stride=2, output_padding=2)
+    with pytest.raises(ValueError, match="input's 5 channels and groups=1 do not match weight's 4"):
+        F.conv_transpose2d(rnd(2, 5, 5, 5), W)
+    with pytest.raises(ValueError, match=r"output's spatial size \(-1, -1\) is not positive"):
+        F.conv_transpose2d(x[:, :, :1, :1], W, padding=2)

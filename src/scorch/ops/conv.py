@@ -7,9 +7,13 @@ stride and the kernel's innermost loop vectorises: for each stored weight, a shi
 the input is added into the output plane.  The input's gradient is another such convolution
 (of the output's gradient with the flipped weight), the weight's is taken in its pattern.
 Above a measured density the dense convolution of the densified weight runs instead.
+``conv_transpose1d/2d/3d`` with a sparse weight are that input gradient (the adjoint), their
+gradients the convolution and its weight gradient.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -44,11 +48,13 @@ def _tuple(value, nd: int, what: str, name: str) -> tuple:
     return vals
 
 
-def _sparse_path(weight: SparseTensor, training: bool) -> bool:
+def _sparse_path(weight: SparseTensor, training: bool, scale: float = 1.0) -> bool:
+    """Whether the sparse kernel runs (``scale``: of the measured density lines, for a kernel
+    doing more work per stored weight than the convolution's)."""
     if config.dispatch in ("sparse", "dense"):
         return config.dispatch == "sparse"
     limit = config.dense_threshold
-    limit = (DENSE_FROM_TRAINING if training else DENSE_FROM) if limit is None else float(limit)
+    limit = (DENSE_FROM_TRAINING if training else DENSE_FROM) * scale if limit is None else float(limit)
     return weight.nnz < limit * max(weight.numel(), 1)
 
 
@@ -58,16 +64,7 @@ def _conv(nd: int, func):
     def conv(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         if not isinstance(weight, SparseTensor) or is_sparse(bias):
             return as_torch_runs(func, input, weight, bias, stride, padding, dilation, groups)
-        if is_sparse(input):
-            input = input.to_dense()       # the window view needs strided memory
-        if weight.dim() != nd + 2:
-            raise ScorchValueError(f"{name}: weight must be {nd + 2}-d (out_channels, in_channels / groups, "
-                                   f"kernel...), got {weight.dim()}-d")
-        if input.dim() not in (nd + 1, nd + 2):
-            raise ScorchValueError(f"{name}: input must be {nd + 1}-d (unbatched) or {nd + 2}-d (batched), "
-                                   f"got {input.dim()}-d")
-        if input.dtype != weight.dtype:
-            raise ScorchValueError(f"{name}: input ({input.dtype}) and weight ({weight.dtype}) must have one dtype")
+        input = _checked(name, nd, input, weight)
         training = torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad)
         if not _sparse_path(weight, training):
             return func(input, weight.to_dense(), bias, stride, padding, dilation, groups)
@@ -99,6 +96,88 @@ def _conv(nd: int, func):
     conv.__name__ = conv.__qualname__ = name
     conv.__doc__ = f"``torch.{name}`` with a sparse weight: one generated einsum over a window view of the input."
     return conv
+
+
+def _checked(name: str, nd: int, input, weight: SparseTensor):
+    """``input`` (dense: the window view needs strided memory) after the checks both kinds of
+    convolution make of a sparse weight."""
+    if is_sparse(input):
+        input = input.to_dense()
+    if weight.dim() != nd + 2:
+        raise ScorchValueError(f"{name}: weight must be {nd + 2}-d (channels, channels / groups, kernel...), "
+                               f"got {weight.dim()}-d")
+    if input.dim() not in (nd + 1, nd + 2):
+        raise ScorchValueError(f"{name}: input must be {nd + 1}-d (unbatched) or {nd + 2}-d (batched), "
+                               f"got {input.dim()}-d")
+    if input.dtype != weight.dtype:
+        raise ScorchValueError(f"{name}: input ({input.dtype}) and weight ({weight.dtype}) must have one dtype")
+    return input
+
+
+def _conv_transpose(nd: int, func):
+    name = func.__name__
+
+    def conv_transpose(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+        if not isinstance(weight, SparseTensor) or is_sparse(bias):
+            return as_torch_runs(func, input, weight, bias, stride, padding, output_padding, groups, dilation)
+        input = _checked(name, nd, input, weight)
+        batched = input.dim() == nd + 2
+        x = input if batched else input.unsqueeze(0)
+        in_c, group_out, *ks = weight.shape
+        if not isinstance(groups, int) or groups < 1 or x.shape[1] != in_c or in_c % groups:
+            raise ScorchValueError(f"{name}: input's {x.shape[1]} channels and groups={groups!r} do not match "
+                                   f"weight's {in_c} input channels split evenly into groups")
+        s, d = _tuple(stride, nd, "stride", name), _tuple(dilation, nd, "dilation", name)
+        p, op = _tuple(padding, nd, "padding", name), _tuple(output_padding, nd, "output_padding", name)
+        if min(s) < 1 or min(d) < 1 or min(p) < 0 or min(op) < 0:
+            raise ScorchValueError(f"{name}: stride and dilation must be positive, padding and output_padding "
+                                   f"non-negative, got {s}, {d}, {p} and {op}")
+        if any(o >= max(sk, dk) for o, sk, dk in zip(op, s, d)):
+            raise ScorchValueError(f"{name}: output_padding {op} must be smaller than either stride {s} or "
+                                   f"dilation {d} (as in torch)")
+        training = torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad)
+        # a stride spreads the input apart by zeros the kernel walks: prod(stride) times the work
+        if not _sparse_path(weight, training, 1 / math.prod(s)):
+            return func(input, weight.to_dense(), bias, stride, padding, output_padding, groups, dilation)
+        out = [(n - 1) * sk - 2 * pk + dk * (k - 1) + o + 1 for n, sk, pk, dk, k, o in zip(x.shape[2:], s, p, d, ks, op)]
+        if min(out, default=1) < 1:
+            raise ScorchValueError(f"{name}: the output's spatial size {tuple(out)} is not positive")
+        geometry = (s, tuple((pk, pk) for pk in p), d, groups)
+        shape = (x.shape[0], group_out * groups, *out)
+        if training:
+            y = _SparseConvTranspose.apply(x, weight, geometry, shape)
+        else:
+            y = _input_grad(x, weight, shape, geometry)
+        if bias is not None:
+            y = y + bias.reshape(group_out * groups, *([1] * nd))
+        return y if batched else y.squeeze(0)
+
+    conv_transpose.__name__ = conv_transpose.__qualname__ = name
+    conv_transpose.__doc__ = (f"``torch.{name}`` with a sparse weight: the adjoint of the sparse convolution (its "
+                              "input's gradient), one generated einsum.")
+    return conv_transpose
+
+
+class _SparseConvTranspose(torch.autograd.Function):
+    """The transposed convolution, the adjoint of :class:`_SparseConv`'s: its input's gradient is
+    the convolution of the output's gradient, its weight's the convolution's weight gradient
+    with the roles of input and output's gradient swapped."""
+
+    @staticmethod
+    def forward(ctx, x, weight, geometry, shape):
+        ctx.geometry = geometry
+        ctx.save_for_backward(x, weight)
+        return _input_grad(x, weight, shape, geometry)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, weight = ctx.saved_tensors
+        gx = gw = None
+        if ctx.needs_input_grad[0]:   # (output_padding's last positions reach no input position)
+            gx = _forward(gy, weight, ctx.geometry)[(Ellipsis,) + tuple(slice(0, n) for n in x.shape[2:])]
+        if ctx.needs_input_grad[1]:
+            gw = _weight_grad(x, gy, weight, ctx.geometry)
+        return gx, gw, None, None
 
 
 def _forward(x, weight: SparseTensor, geometry) -> torch.Tensor:
@@ -187,7 +266,8 @@ def _weight_grad(gy, x, weight: SparseTensor, geometry) -> SparseTensor:
     mask = weight._like(values=torch.ones_like(weight._values), nnz=weight._stored)
     out_c, group_c, *ks = weight.shape
     kern, outs = _KERNEL[:nd], _OUT[:nd]
-    view = _windows(x, ks, geometry)
+    view = _windows(x, ks, geometry)   # cut to gy's positions (a transposed convolution's output_padding)
+    view = view[(Ellipsis,) + tuple(slice(0, n) for n in gy.shape[2:])]
     if groups == 1:
         g = einsum(f"oc{kern},no{outs},nc{kern}{outs}->oc{kern}", mask, gy, view)
     else:
@@ -236,3 +316,5 @@ def _padding(padding, nd, ks, s, d, name) -> list:
 
 for _nd, _func in ((1, torch.conv1d), (2, torch.conv2d), (3, torch.conv3d)):
     implements(_func)(_conv(_nd, _func))
+for _nd, _func in ((1, torch.conv_transpose1d), (2, torch.conv_transpose2d), (3, torch.conv_transpose3d)):
+    implements(_func)(_conv_transpose(_nd, _func))
