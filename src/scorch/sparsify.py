@@ -1,0 +1,226 @@
+"""Sparsifiers and ``SparsityBuilder``: make an existing dense model's weights sparse (seed 002, STen).
+
+A sparsifier decides which entries of a dense tensor to keep (:meth:`Sparsifier.mask`) and
+builds the SparseTensor holding them (calling it).  ``SparsityBuilder`` rewrites a model's
+chosen parameters into ``nn.Parameter(SparseTensor)`` -- the forward then runs scorch's
+kernels (``F.linear``, convolutions, embeddings, einsum...), and training keeps each pattern
+(the gradient of a SparseTensor is a SparseTensor in its pattern; optimizers update the
+stored values).
+
+>>> import torch, scorch
+>>> from scorch.sparsify import SparsityBuilder, ScalarFractionSparsifier
+>>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+>>> sb = SparsityBuilder(model)
+>>> sb.set_weight("0.weight", initial_sparsifier=ScalarFractionSparsifier(0.75), out_format="csr")
+>>> sparse_model = sb.get_sparse_model()
+>>> sparse_model[0].weight.nnz
+16
+>>> sparse_model(torch.randn(3, 8)).shape
+torch.Size([3, 2])
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+
+import torch
+from torch import nn
+
+from .errors import ScorchTypeError, ScorchValueError
+from .format import Format
+from .interop import from_coo
+from .tensor import SparseTensor
+
+__all__ = ["Sparsifier", "KeepAll", "RandomFractionSparsifier", "ScalarThresholdSparsifier",
+           "ScalarFractionSparsifier", "BlockFractionSparsifier", "PerBlockNMSparsifier", "SparsityBuilder"]
+
+
+def _fraction(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ScorchValueError(f"{name}: fraction must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def _dense(name: str, tensor) -> torch.Tensor:
+    if isinstance(tensor, SparseTensor):
+        tensor = tensor.to_dense()
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
+        raise ScorchTypeError(f"{name}: expects a dense torch.Tensor (or a SparseTensor), got {type(tensor).__name__}")
+    return tensor.detach()
+
+
+def _smallest(scores: torch.Tensor, fraction: float) -> torch.Tensor:
+    """A bool mask of ``scores``' shape, False on the ``round(fraction * numel)`` smallest (ties:
+    the earlier position first, so the result is deterministic)."""
+    drop = round(fraction * scores.numel())
+    keep = torch.ones(scores.numel(), dtype=torch.bool)
+    if drop:
+        keep[torch.argsort(scores.reshape(-1), stable=True)[:drop]] = False
+    return keep.view(scores.shape)
+
+
+class Sparsifier:
+    """Chooses the entries of a dense tensor to keep; ``sparsifier(w, format)`` stores exactly
+    those (an exact zero among them stays stored) as a SparseTensor in ``format``."""
+
+    def mask(self, tensor: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __call__(self, tensor, format="csr") -> SparseTensor:
+        w = _dense(type(self).__name__, tensor)
+        keep = self.mask(w)
+        return from_coo(keep.nonzero().t(), w[keep], tuple(w.shape), format=format)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({args})"
+
+
+class KeepAll(Sparsifier):
+    """Every nonzero entry (the tensor's own sparsity)."""
+
+    def mask(self, tensor):
+        return _dense("KeepAll", tensor) != 0
+
+
+class RandomFractionSparsifier(Sparsifier):
+    """Drops ``fraction`` of the entries, chosen uniformly at random (torch's global RNG, or
+    ``generator``), exactly ``round(fraction * numel)`` of them."""
+
+    def __init__(self, fraction: float, generator: torch.Generator | None = None):
+        self.fraction = _fraction("RandomFractionSparsifier", fraction)
+        self.generator = generator
+
+    def mask(self, tensor):
+        w = _dense("RandomFractionSparsifier", tensor)
+        return _smallest(torch.rand(w.shape, generator=self.generator), self.fraction)
+
+
+class ScalarThresholdSparsifier(Sparsifier):
+    """Keeps the entries with ``|w| >= threshold`` (a ReLU-like cut on magnitudes)."""
+
+    def __init__(self, threshold: float):
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
+            raise ScorchValueError(f"ScalarThresholdSparsifier: threshold must be a number >= 0, got {threshold!r}")
+        self.threshold = float(threshold)
+
+    def mask(self, tensor):
+        w = _dense("ScalarThresholdSparsifier", tensor)
+        return (w.abs() >= self.threshold) & (w != 0)
+
+
+class ScalarFractionSparsifier(Sparsifier):
+    """Magnitude pruning: drops the ``fraction`` of the entries with the smallest ``|w|``
+    (``ScalarFractionSparsifier(0.9)``: 90% zeros)."""
+
+    def __init__(self, fraction: float):
+        self.fraction = _fraction("ScalarFractionSparsifier", fraction)
+
+    def mask(self, tensor):
+        return _smallest(_dense("ScalarFractionSparsifier", tensor).abs(), self.fraction)
+
+
+class BlockFractionSparsifier(Sparsifier):
+    """Block magnitude pruning: tiles the tensor into blocks of ``block_shape`` (one size per
+    dim, dividing it) and drops the ``fraction`` of blocks with the smallest sum of ``|w|``."""
+
+    def __init__(self, fraction: float, block_shape):
+        self.fraction = _fraction("BlockFractionSparsifier", fraction)
+        shape = (block_shape,) if isinstance(block_shape, int) else tuple(block_shape)
+        if not shape or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in shape):
+            raise ScorchValueError(f"BlockFractionSparsifier: block_shape must be positive ints, got {block_shape!r}")
+        self.block_shape = shape
+
+    def mask(self, tensor):
+        w = _dense("BlockFractionSparsifier", tensor)
+        b = self.block_shape
+        if len(b) != w.dim() or any(n % k for n, k in zip(w.shape, b)):
+            raise ScorchValueError(f"BlockFractionSparsifier: block_shape {b} must have one size per dim of the "
+                                   f"tensor's shape {tuple(w.shape)}, each dividing it")
+        split = [s for n, k in zip(w.shape, b) for s in (n // k, k)]
+        norms = w.abs().reshape(split).sum(dim=tuple(range(1, 2 * w.dim(), 2)))   # one per block
+        keep = _smallest(norms, self.fraction)
+        for d, k in enumerate(b):
+            keep = keep.repeat_interleave(k, dim=d)
+        return keep
+
+
+class PerBlockNMSparsifier(Sparsifier):
+    """n:m sparsity: of every ``m`` consecutive entries along the last dim (its size a multiple
+    of ``m``), keeps the ``n`` of largest ``|w|``."""
+
+    def __init__(self, n: int, m: int):
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in (n, m)) or not 0 <= n <= m or m < 1:
+            raise ScorchValueError(f"PerBlockNMSparsifier: needs ints 0 <= n <= m, m >= 1, got n={n!r}, m={m!r}")
+        self.n, self.m = n, m
+
+    def mask(self, tensor):
+        w = _dense("PerBlockNMSparsifier", tensor)
+        if w.dim() == 0 or w.shape[-1] % self.m:
+            raise ScorchValueError(f"PerBlockNMSparsifier: the last dim of shape {tuple(w.shape)} must be a "
+                                   f"multiple of m={self.m}")
+        groups = w.abs().reshape(-1, self.m)
+        keep = torch.zeros(groups.shape, dtype=torch.bool)
+        if self.n:
+            keep.scatter_(1, groups.topk(self.n, dim=1, sorted=False).indices, True)
+        return keep.view(w.shape)
+
+
+class SparsityBuilder:
+    """Rewrites chosen parameters of a model into sparse ones (STen's ``SparsityBuilder``)::
+
+        sb = SparsityBuilder(model)
+        sb.set_weight("attention.self.query.weight", initial_sparsifier=ScalarFractionSparsifier(0.9),
+                      out_format="csr")
+        sparse_model = sb.get_sparse_model()   # a copy; ``model`` is left as it was
+
+    Each chosen parameter becomes ``nn.Parameter(SparseTensor)`` holding what its sparsifier
+    keeps; a parameter shared by several modules stays shared."""
+
+    def __init__(self, model: nn.Module):
+        if not isinstance(model, nn.Module):
+            raise ScorchTypeError(f"SparsityBuilder: model must be a torch.nn.Module, got {type(model).__name__}")
+        self.model = model
+        self._weights: dict = {}
+
+    def set_weight(self, name: str, initial_sparsifier: Sparsifier | None = None, out_format="csr") -> None:
+        """Make parameter ``name`` (as ``model.named_parameters()`` spells it) sparse: the entries
+        ``initial_sparsifier`` keeps (:class:`KeepAll` by default) in ``out_format`` (a preset
+        name or a :class:`~scorch.Format`)."""
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        if name not in params:
+            close = difflib.get_close_matches(str(name), list(params), n=3)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise ScorchValueError(f"SparsityBuilder.set_weight: the model has no parameter {name!r}{hint}")
+        sparsifier = KeepAll() if initial_sparsifier is None else initial_sparsifier
+        if not isinstance(sparsifier, Sparsifier):
+            raise ScorchTypeError(f"SparsityBuilder.set_weight: initial_sparsifier must be a scorch.sparsify "
+                                  f"Sparsifier, got {type(sparsifier).__name__}")
+        if not isinstance(out_format, (str, Format)):
+            raise ScorchTypeError(f"SparsityBuilder.set_weight: out_format must be a format name or a "
+                                  f"scorch.Format, got {type(out_format).__name__}")
+        if isinstance(params[name], SparseTensor):
+            raise ScorchValueError(f"SparsityBuilder.set_weight: parameter {name!r} is sparse already")
+        self._weights[name] = (sparsifier, out_format)
+
+    def get_sparse_model(self) -> nn.Module:
+        """A deep copy of the model with every parameter named in :meth:`set_weight` sparse."""
+        model = copy.deepcopy(self.model)
+        owners: dict = {}   # id(parameter) -> every (module, attribute) holding it (tied weights)
+        for module in model.modules():
+            for attr, p in module._parameters.items():
+                if p is not None:
+                    owners.setdefault(id(p), []).append((module, attr))
+        params = dict(model.named_parameters(remove_duplicate=False))
+        for name, (sparsifier, fmt) in self._weights.items():
+            old = params[name]
+            if isinstance(old, SparseTensor):
+                continue   # a tied parameter set under another name too
+            new = nn.Parameter(sparsifier(old.detach(), fmt), requires_grad=old.requires_grad)
+            for module, attr in owners[id(old)]:
+                setattr(module, attr, new)
+            for key in [k for k, p in params.items() if p is old]:
+                params[key] = new
+        return model
+

@@ -1,0 +1,131 @@
+"""scorch.sparsify: sparsifiers against masks computed independently on dense tensors, and
+SparsityBuilder on models against the same dense models with masked weights."""
+
+import pytest
+import torch
+from torch import nn
+
+import scorch
+from scorch.compiler import build
+from scorch.sparsify import (BlockFractionSparsifier, KeepAll, PerBlockNMSparsifier, RandomFractionSparsifier,
+                             ScalarFractionSparsifier, ScalarThresholdSparsifier, SparsityBuilder)
+
+
+def rnd(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_each_sparsifier_keeps_what_its_rule_says():
+    w = rnd(8, 12)
+    w[0, :3] = 0
+    mags = w.abs().reshape(-1)
+    # magnitude: the kept entries are the 24 largest |w|
+    keep = ScalarFractionSparsifier(0.75).mask(w)
+    assert int(keep.sum()) == 24 and mags[keep.reshape(-1)].min() >= mags[~keep.reshape(-1)].max()
+    keep = ScalarThresholdSparsifier(0.5).mask(w)
+    assert torch.equal(keep, w.abs() >= 0.5)
+    assert torch.equal(KeepAll().mask(w), w != 0)
+    keep = RandomFractionSparsifier(0.25, generator=torch.Generator().manual_seed(1)).mask(w)
+    assert int(keep.sum()) == 72
+    # 2:4 along the last dim: two per group of four, the two largest
+    keep = PerBlockNMSparsifier(2, 4).mask(w)
+    groups, kept = w.abs().reshape(-1, 4), keep.reshape(-1, 4)
+    assert (kept.sum(1) == 2).all()
+    assert (groups.masked_fill(~kept, float("inf")).amin(1) >= groups.masked_fill(kept, -1).amax(1)).all()
+    # blocks of 2 x 3: the 4 blocks of largest |w| sums survive whole
+    keep = BlockFractionSparsifier(0.75, (2, 3)).mask(w)
+    sums = torch.stack([w[r:r + 2, c:c + 3].abs().sum() for r in range(0, 8, 2) for c in range(0, 12, 3)])
+    want = torch.zeros(16, dtype=torch.bool)
+    want[sums.topk(4).indices] = True
+    assert torch.equal(keep, want.view(4, 4).repeat_interleave(2, 0).repeat_interleave(3, 1))
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "ell", scorch.formats.bsr(2, 3)])
+def test_a_sparsifier_stores_exactly_its_mask(fmt):
+    w = rnd(8, 12, seed=1)
+    A = ScalarFractionSparsifier(0.5)(w, fmt)
+    mask = ScalarFractionSparsifier(0.5).mask(w)
+    assert isinstance(A, scorch.SparseTensor) and A.format == scorch.format.resolve(fmt, 2)
+    torch.testing.assert_close(A.to_dense(), w * mask)
+
+
+def test_sparsifier_arguments_are_checked():
+    with pytest.raises(ValueError, match=r"fraction must be a number in \[0, 1\], got 1.5"):
+        ScalarFractionSparsifier(1.5)
+    with pytest.raises(ValueError, match="needs ints 0 <= n <= m"):
+        PerBlockNMSparsifier(3, 2)
+    with pytest.raises(ValueError, match="the last dim of shape .8, 10. must be a multiple of m=4"):
+        PerBlockNMSparsifier(2, 4).mask(rnd(8, 10))
+    with pytest.raises(ValueError, match="block_shape .2, 3. must have one size per dim"):
+        BlockFractionSparsifier(0.5, (2, 3)).mask(rnd(8, 10))
+    with pytest.raises(TypeError, match="expects a dense torch.Tensor"):
+        KeepAll().mask([1.0, 2.0])
+
+
+class Attention(nn.Module):   # named like BERT's attention.self.query, the seed program's target
+    def __init__(self):
+        super().__init__()
+        self.self = nn.Module()
+        self.self.query, self.self.key = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.conv = nn.Conv1d(16, 16, 3, padding=1)
+
+    def forward(self, x):
+        q, k = self.self.query(x), self.self.key(x)
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ x + self.conv(x.transpose(1, 2)).transpose(1, 2)
+
+
+@pytest.mark.skipif(not build.have_compiler(), reason="no C compiler")
+def test_sparsity_builder_on_the_seed_program_trains_like_the_masked_dense_model():
+    """The STen seed program: sparsify attention.self.query.weight (90% by magnitude, CSR) and
+    others; the sparse model's forward and five SGD steps agree with the dense model whose
+    weights are masked the same way (and its gradients masked); the original model is untouched."""
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.attention = Attention()
+    model.double()
+    sb = SparsityBuilder(model)
+    sb.set_weight("attention.self.query.weight", initial_sparsifier=ScalarFractionSparsifier(0.9), out_format="csr")
+    sb.set_weight("attention.self.key.weight", initial_sparsifier=PerBlockNMSparsifier(2, 4))
+    sb.set_weight("attention.conv.weight", initial_sparsifier=RandomFractionSparsifier(0.8), out_format="csf")
+    sparse = sb.get_sparse_model()
+    assert not isinstance(model.attention.self.query.weight, scorch.SparseTensor)
+    q = sparse.attention.self.query.weight
+    assert isinstance(q, scorch.SparseTensor) and q.nnz == round(0.1 * 256) and q.format.name == "csr"
+    masks = {n: p.to_dense() != 0 for n, p in sparse.named_parameters() if isinstance(p, scorch.SparseTensor)}
+    ref = __import__("copy").deepcopy(model)
+    with torch.no_grad():
+        for n, mask in masks.items():
+            ref.get_parameter(n).mul_(mask)
+    x, target = rnd(3, 5, 16, seed=2), rnd(3, 5, 16, seed=3)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (sparse, ref)]
+    for _ in range(5):
+        for m, opt in zip((sparse, ref), opts):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(m(x), target)
+            loss.backward()
+            if m is ref:
+                for n, mask in masks.items():
+                    m.get_parameter(n).grad.mul_(mask)
+            opt.step()
+        torch.testing.assert_close(sparse(x), ref(x))
+    for n, mask in masks.items():
+        p = sparse.get_parameter(n)
+        assert isinstance(p, scorch.SparseTensor) and p.nnz == int(mask.sum())
+
+
+def test_sparsity_builder_keeps_tied_weights_tied_and_checks_names():
+    emb = nn.Embedding(10, 4)
+    out = nn.Linear(4, 10, bias=False)
+    out.weight = emb.weight                                  # tied input and output embeddings
+    model = nn.Sequential(emb, out)
+    sb = SparsityBuilder(model)
+    sb.set_weight("1.weight", ScalarThresholdSparsifier(0.5), out_format="coo")
+    sparse = sb.get_sparse_model()
+    assert sparse[0].weight is sparse[1].weight and isinstance(sparse[0].weight, scorch.SparseTensor)
+    torch.testing.assert_close(sparse[0].weight.to_dense(), emb.weight.detach() * (emb.weight.abs() >= 0.5))
+    with pytest.raises(ValueError, match=r"no parameter '1.wieght'; did you mean '1.weight'"):
+        sb.set_weight("1.wieght")
+    with pytest.raises(TypeError, match="initial_sparsifier must be a scorch.sparsify Sparsifier"):
+        sb.set_weight("0.weight", initial_sparsifier=0.9)
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        SparsityBuilder(emb.weight)
