@@ -291,3 +291,17 @@ def test_cross_products_stay_sparse(fmt):
         torch.linalg.cross(A, B, dim=0)
     with pytest.raises(ValueError, match="the same number of dims .as in torch., got 2-d and 1-d"):
         torch.linalg.cross(A, b[0])
+
+
+def test_scaled_products_take_torchs_keyword_names():
+    """addmm(input=, mat1=, mat2=), addmv(..., vec=), addr(vec1=, vec2=) and the in-place forms by
+    keyword, as torch names them; oracle: the dense calls."""
+    x, X, y = rnd(5, 6), rnd(6, 3, density=1, seed=1), rnd(5, 3, density=1, seed=2)
+    A, v, w = scorch.as_sparse(x, "csr"), rnd(6, density=1, seed=3), rnd(5, density=1, seed=4)
+    with no_fallback():
+        cases = [(torch.addmm(input=y, mat1=A, mat2=X, beta=2), torch.addmm(y, x, X, beta=2)),
+                 (torch.addmv(y[:, 0], A, vec=v), torch.addmv(y[:, 0], x, v)),
+                 (torch.addr(A, vec1=w, vec2=v, alpha=3), torch.addr(x, w, v, alpha=3)),
+                 (y.clone().addmm_(A, mat2=X), y + x @ X)]
+    for got, want in cases:
+        torch.testing.assert_close(dense(got), want)

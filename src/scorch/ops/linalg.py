@@ -9,7 +9,7 @@ import torch
 
 from .._dispatch import accepts_out, broadcast_shapes, implements
 from ..compiler import permute
-from ..errors import NotSupportedError, ScorchValueError
+from ..errors import NotSupportedError, ScorchTypeError, ScorchValueError
 from ..interop import is_sparse
 from ..tensor import SparseTensor
 from .einsum import einsum, einsum_add
@@ -107,49 +107,39 @@ def inner(a, b):
     return einsum(f"{ta}z,{tb}z->{ta}{tb}", a, b)
 
 
-@implements(torch.addmm, torch.Tensor.addmm, torch.sparse.addmm)
-@accepts_out
-def addmm(input, mat1, mat2, *, beta=1, alpha=1):
-    """``beta * input + alpha * (mat1 @ mat2)`` (either matrix sparse)."""
-    if mat1.dim() != 2 or mat2.dim() != 2:
-        raise ScorchValueError(f"addmm: expects 2-d matrices, got {mat1.dim()}-d and {mat2.dim()}-d")
-    return _scaled_sum("ij,jk->ik", input, mat1, mat2, beta, alpha)
+# ``beta * input + alpha * product``: name, its einsum, the two factors' names and ranks (what
+# the error says they must be), the torch functions it serves.  ``input`` broadcasts to the product.
+_SCALED_PRODUCTS = (
+    ("addmm", "ij,jk->ik", ("mat1", "mat2"), (2, 2), "2-d matrices",
+     (torch.addmm, torch.Tensor.addmm, torch.sparse.addmm)),
+    ("addmv", "ij,j->i", ("mat", "vec"), (2, 1), "a 2-d matrix and a 1-d vector", (torch.addmv, torch.Tensor.addmv)),
+    ("baddbmm", "bij,bjk->bik", ("batch1", "batch2"), (3, 3), "3-d batches", (torch.baddbmm, torch.Tensor.baddbmm)),
+    ("addbmm", "bij,bjk->ik", ("batch1", "batch2"), (3, 3), "3-d batches", (torch.addbmm, torch.Tensor.addbmm)),
+    ("addr", "i,j->ij", ("vec1", "vec2"), (1, 1), "1-d vectors", (torch.addr, torch.Tensor.addr)),
+)
 
 
-@implements(torch.addmv, torch.Tensor.addmv)
-@accepts_out
-def addmv(input, mat, vec, *, beta=1, alpha=1):
-    """``beta * input + alpha * (mat @ vec)`` (the matrix sparse: SpMV, starting from ``input``)."""
-    if mat.dim() != 2 or vec.dim() != 1:
-        raise ScorchValueError(f"addmv: expects a 2-d matrix and a 1-d vector, got {mat.dim()}-d and {vec.dim()}-d")
-    return _scaled_sum("ij,j->i", input, mat, vec, beta, alpha)
+def _scaled_product(name, equation, names, ranks, what):
+    """torch's ``name(input, <names>, *, beta=1, alpha=1)``: ``beta * input + alpha *
+    einsum(equation, ...)``, either factor sparse (the factors positional or by torch's names)."""
+    def op(input, *factors, beta=1, alpha=1, **named):
+        factors = factors + tuple(named.pop(n) for n in names[len(factors):] if n in named)
+        if named or len(factors) != 2:
+            raise ScorchTypeError(f"{name}() takes input, {names[0]} and {names[1]} (and beta=, alpha=), got "
+                                  f"{len(factors)} factors{' and ' + ', '.join(named) if named else ''}")
+        a, b = factors
+        if (a.dim(), b.dim()) != ranks:
+            raise ScorchValueError(f"{name}: expects {what}, got {a.dim()}-d and {b.dim()}-d")
+        return _scaled_sum(equation, input, a, b, beta, alpha)
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"``torch.{name}``: ``beta * input + alpha * einsum({equation!r}, {names[0]}, {names[1]})``."
+    return op
 
 
-@implements(torch.baddbmm, torch.Tensor.baddbmm)
-@accepts_out
-def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
-    """``beta * input + alpha * (batch1 @ batch2)`` over 3-d batches."""
-    if batch1.dim() != 3 or batch2.dim() != 3:
-        raise ScorchValueError(f"baddbmm: expects 3-d batches, got {batch1.dim()}-d and {batch2.dim()}-d")
-    return _scaled_sum("bij,bjk->bik", input, batch1, batch2, beta, alpha)
-
-
-@implements(torch.addbmm, torch.Tensor.addbmm)
-@accepts_out
-def addbmm(input, batch1, batch2, *, beta=1, alpha=1):
-    """``beta * input + alpha * sum_b batch1[b] @ batch2[b]`` over 3-d batches."""
-    if batch1.dim() != 3 or batch2.dim() != 3:
-        raise ScorchValueError(f"addbmm: expects 3-d batches, got {batch1.dim()}-d and {batch2.dim()}-d")
-    return _scaled_sum("bij,bjk->ik", input, batch1, batch2, beta, alpha)
-
-
-@implements(torch.addr, torch.Tensor.addr)
-@accepts_out
-def addr(input, vec1, vec2, *, beta=1, alpha=1):
-    """``beta * input + alpha * outer(vec1, vec2)`` (sparse where both vectors are)."""
-    if vec1.dim() != 1 or vec2.dim() != 1:
-        raise ScorchValueError(f"addr: expects 1-d vectors, got {vec1.dim()}-d and {vec2.dim()}-d")
-    return _scaled_sum("i,j->ij", input, vec1, vec2, beta, alpha)
+_SCALED = {}   # name -> its implementation (out= and the in-place form wrap it)
+for _name, _eq, _names, _ranks, _what, _funcs in _SCALED_PRODUCTS:
+    _SCALED[_name] = _scaled_product(_name, _eq, _names, _ranks, _what)
+    implements(*_funcs)(accepts_out(_SCALED[_name]))
 
 
 def _written_into_self(name: str, op):
@@ -173,9 +163,8 @@ def _written_into_self(name: str, op):
     return in_place
 
 
-for _name, _op in (("addmm_", addmm), ("addmv_", addmv), ("baddbmm_", baddbmm), ("addbmm_", addbmm),
-                   ("addr_", addr)):
-    implements(getattr(torch.Tensor, _name))(_written_into_self(_name, _op.__wrapped__))
+for _name, _op in _SCALED.items():
+    implements(getattr(torch.Tensor, _name + "_"))(_written_into_self(_name + "_", _op))
 
 
 def _scaled_sum(equation, input, a, b, beta, alpha):
