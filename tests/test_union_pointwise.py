@@ -134,3 +134,38 @@ def test_broadcast_sparse_operand_stays_a_fallback():
     with pytest.warns(UserWarning, match="no sparse implementation"):
         got = torch.maximum(A, B)
     torch.testing.assert_close(got, torch.maximum(A.to_dense(), B.to_dense()))
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "ell"])
+def test_ops_with_a_small_dense_operand_keep_the_pattern(fmt):
+    """prelu (scalar and per-channel weights), hardswish and a clamp by a per-column bound: zero
+    wherever the sparse operand is, whatever the small dense operand holds -- sparse, same
+    pattern, no fallback; an op that is not zero there (adding a per-column offset) is dense.
+    Oracle: the ops on the dense tensor; prelu's gradients (through the warned fallback) too."""
+    x = make_dense((6, 5), 0.4, seed=3)
+    x4 = make_dense((2, 3, 4, 4), 0.4, seed=4)
+    A, A4 = scorch.as_sparse(x, fmt), scorch.as_sparse(x4, "coo")
+    w, wc, col = torch.tensor([0.25], dtype=x.dtype), torch.rand(3, dtype=x.dtype), torch.rand(5, dtype=x.dtype)
+    saved, scorch.config.dense_fallback = scorch.config.dense_fallback, "raise"
+    try:
+        cases = [(torch.nn.functional.prelu(A, w), torch.nn.functional.prelu(x, w)),
+                 (torch.nn.functional.prelu(A4, wc), torch.nn.functional.prelu(x4, wc)),
+                 (torch.nn.functional.hardswish(A), torch.nn.functional.hardswish(x)),
+                 (torch.clamp(A, min=-col, max=col), torch.clamp(x, min=-col, max=col))]
+        offset = torch.ops.aten.add.Tensor(A, col)          # f(0, col) = col: dense by definition
+    finally:
+        scorch.config.dense_fallback = saved
+    for got, want in cases:
+        assert isinstance(got, scorch.SparseTensor)
+        assert got.nnz == (A4 if got.dim() == 4 else A).nnz
+        torch.testing.assert_close(got.to_dense(), want)
+    assert not isinstance(offset, scorch.SparseTensor)
+    torch.testing.assert_close(offset, x + col)
+    P, xd = A4.detach().requires_grad_(), x4.clone().requires_grad_()
+    wp, wd = wc.clone().requires_grad_(), wc.clone().requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # prelu's backward kernel runs on a dense copy (warned)
+        (torch.nn.functional.prelu(P, wp) * 3).sum().backward()
+    (torch.nn.functional.prelu(xd, wd) * 3).sum().backward()
+    torch.testing.assert_close(P.grad.to_dense(), xd.grad * (x4 != 0))
+    torch.testing.assert_close(wp.grad, wd.grad)

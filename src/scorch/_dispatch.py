@@ -159,7 +159,8 @@ _DENSE_BY_DEFINITION = {getattr(torch.ops.aten, name) for name in (
 
 
 _IN_PLACE: dict = {}
-_UNTAGGED = {"floor_divide", "floor_divide_"}   # elementwise, but aten leaves the tag off
+# elementwise, but aten leaves the tag off (prelu's kernel: its weight broadcast to the input)
+_UNTAGGED = {"floor_divide", "floor_divide_", "hardswish", "hardswish_", "hardswish_backward", "_prelu_kernel"}
 
 
 def _in_place_pointwise(func) -> bool:

@@ -116,6 +116,10 @@ def pointwise(func, args, kwargs):
     if not shared and not mutable and len(sparse) == 2 and func in _CO_ITERATED \
             and args[0] is sparse[0] and args[1] is sparse[1]:
         return _co_iterated(func, args, kwargs)
+    if not shared and not mutable and len(sparse) == 1 and _zero_beside_small_dense(func, args, kwargs, ref):
+        at = stored(ref)   # prelu's per-channel weight, a clamp's per-column bound: read at the entries
+        vargs, vkwargs = map_sparse(_values_of, *_dense_at(args, kwargs, ref, at))
+        return ref._like(values=func(*vargs, **vkwargs), nnz=ref._stored)
     if not shared and mutable and args[0] is ref and all(same_pattern(ref, s) for s in sparse[1:]):
         return _in_place_with_dense(func, args, kwargs, ref)
     if not shared:
@@ -139,6 +143,36 @@ def pointwise(func, args, kwargs):
     if out.shape == ref._values.shape and out.is_contiguous():
         return ref._on_pattern(out)   # the pattern as it is: nothing to check again
     return ref._like(values=out, nnz=ref._stored)
+
+
+def _zero_beside_small_dense(func, args, kwargs, ref: SparseTensor) -> bool:
+    """Whether ``func`` of the one SparseTensor ``ref`` and dense operands no larger than its
+    stored values (broadcast to its shape: a per-channel weight) is 0 wherever ``ref`` is, for
+    every value of those operands (checked on them: ``prelu(0, w) == 0``)."""
+    dense = [a for a in leaves(args, kwargs) if isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor)
+             and not _is_scalar(a)]
+    if sum(d.numel() for d in dense) > ref._values.numel() or any(
+            broadcast_shapes(d.shape, ref.shape) != tuple(ref.shape) for d in dense):
+        return False
+    shape = broadcast_shapes(*(d.shape for d in dense)) if dense else ()
+    zargs, zkwargs = map_sparse(lambda a: torch.zeros(shape, dtype=a._values.dtype), args, kwargs)
+    try:
+        z = func(*zargs, **zkwargs)
+    except (RuntimeError, TypeError):
+        return False
+    return isinstance(z, torch.Tensor) and not bool(torch.isnan(z).any()) and bool((z == 0).all())
+
+
+def _dense_at(args, kwargs, ref: SparseTensor, at):
+    """``args`` / ``kwargs`` with every non-scalar dense tensor replaced by its values at ``ref``'s
+    stored entries (``at``: :func:`stored` of ``ref``)."""
+    def pick(a):
+        if isinstance(a, (list, tuple)):
+            return type(a)(pick(x) for x in a)
+        if isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor) and not _is_scalar(a):
+            return project(a.expand(ref.shape), ref, at)
+        return a
+    return pick(args), {k: pick(v) for k, v in kwargs.items()}
 
 
 def _on_union(func, args, kwargs, sparse):
