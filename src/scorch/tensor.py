@@ -33,7 +33,8 @@ _ELL2 = preset("ell", 2)
 
 
 _KERNEL_DENSE_MIN = 4096    # stored entries from which to_dense runs a generated kernel
-_DENSE_BY_KERNEL: dict = {}  # SparseTensor._sig -> does the copy kernel's schedule split rows
+_DENSE_BY_KERNEL: dict = {}  # SparseTensor._sig -> does the copy kernel's schedule split rows (None: seen once)
+_FIRST = object()
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
@@ -246,8 +247,9 @@ class SparseTensor(torch.Tensor):
         """The dense tensor written by a generated copy kernel (the einsum ``ab->ab`` into a dense
         result: no coordinate arrays; CSR 2000 x 3000 at 2%: 1.5 -> 0.45 ms), where it pays: float
         values, at least ``_KERNEL_DENSE_MIN`` entries, and a schedule splitting the rows across
-        threads (COO's would sum per-thread copies: slower than the coordinates' path).  None
-        where it does not apply."""
+        threads (COO's would sum per-thread copies: slower than the coordinates' path) -- from a
+        signature's second call on, so a one-off ``to_dense`` compiles nothing.  None where it
+        does not apply."""
         if self._stored < _KERNEL_DENSE_MIN or self._values.dtype not in (torch.float32, torch.float64) \
                 or convert.is_all_dense(self._format) or not 0 < len(self._shape) <= len(_LETTERS):
             return None
@@ -256,7 +258,11 @@ class SparseTensor(torch.Tensor):
             return None
         eq = _LETTERS[:len(self._shape)]
         eq = f"{eq}->{eq}"
-        rows = _DENSE_BY_KERNEL.get(self._sig)
+        rows = _DENSE_BY_KERNEL.get(self._sig, _FIRST)
+        if rows is _FIRST:   # a signature's first call: the coordinates' path (no compile for a one-off)
+            if len(_DENSE_BY_KERNEL) < 4096:
+                _DENSE_BY_KERNEL[self._sig] = None
+            return None
         if rows is None:
             rows = driver._plan(eq, [self], "dense")[0].schedule.parallel != "buffers"
             _DENSE_BY_KERNEL[self._sig] = rows
