@@ -31,9 +31,9 @@ from .shape import take_positions
 # input's gradient is a second sparse convolution, the weight's an SDDMM).  Measured by
 # benchmarks/bench_conv.py on ResNet-shaped 3x3 / 1x1 layers and a 5x5 stem (2 cores, AVX-512):
 # the forward's geometric-mean speedup over the dense convolution was 0.5x at 20% density, 0.9x
-# at 10%, 1.6x at 5%; the training step's 0.7x at 10%, 1.05x at 5%, 1.9x at 2%.  The dense
-# path also pays for densifying the weight (about 1 ms for a 256 x 256 x 3 x 3 one), so the
-# lines sit a little above the crossovers.  ``scorch.config.dense_threshold`` overrides both.
+# at 10%, 1.6x at 5%; the training step's 0.7x at 10%, 1.1x at 5%, 1.8x at 2%.  The dense
+# path also pays for densifying the weight on every call (0.16 ms for a 256 x 256 x 3 x 3 one),
+# so the lines sit a little above the crossovers.  ``scorch.config.dense_threshold`` overrides both.
 DENSE_FROM, DENSE_FROM_TRAINING = 0.12, 0.06
 
 _KERNEL, _OUT = "ijk", "xyz"   # letters of the kernel's and the output's spatial dims
@@ -71,7 +71,7 @@ def _conv(nd: int, func):
         batched = input.dim() == nd + 2
         x = input if batched else input.unsqueeze(0)
         out_c, group_c, *ks = weight.shape
-        n, c = x.shape[:2]
+        c = x.shape[1]
         if not isinstance(groups, int) or groups < 1 or c != group_c * groups or out_c % groups:
             raise ScorchValueError(f"{name}: groups={groups!r} does not split input channels {c} into weight's "
                                    f"{group_c} per group and out_channels {out_c} evenly")
@@ -221,8 +221,10 @@ class _SparseConv(torch.autograd.Function):
 
 
 def _input_grad(gy, weight: SparseTensor, x_shape, geometry) -> torch.Tensor:
+    """The convolution's input gradient for the output's gradient ``gy`` (batched; ``x_shape``:
+    the input's shape) -- also the transposed convolution of ``gy``."""
     s, pads, d, groups = geometry
-    nd, (out_c, group_c, *ks) = len(s), weight.shape
+    nd, ks = len(s), weight.shape[2:]
     spans = [dk * (k - 1) + 1 for dk, k in zip(d, ks)]
     if max(s) > 1:   # the output's gradient at its windows' starts in the padded input, zeros between
         gz = gy.new_zeros(*gy.shape[:2], *[(n - 1) * sk + 1 for n, sk in zip(gy.shape[2:], s)])
@@ -245,8 +247,11 @@ def _flipped(weight: SparseTensor, groups: int) -> SparseTensor:
     is built once per weight pattern and kept on its index array (as convert's derived arrays
     are); each call gathers the current values into it (training changes values, not patterns)."""
     holder = next(c for c in reversed(weight._crd) if c is not None)
+    others = [a for a in (*weight._pos, *weight._crd) if a is not None and a is not holder]
+    key = (groups, weight._format, weight._shape)   # an index array can be shared by a reshaped view
     cached = getattr(holder, "_scorch_conv_flipped", None)
-    if cached is None or cached[0] != groups:
+    if cached is None or cached[0] != key or len(cached[1]) != len(others) \
+            or any(a is not b for a, b in zip(cached[1], others)):
         out_c, group_c, *ks = weight.shape
         ids = weight._like(values=torch.arange(1, weight._values.numel() + 1, dtype=torch.float64),
                            nnz=weight._stored)
@@ -255,9 +260,9 @@ def _flipped(weight: SparseTensor, groups: int) -> SparseTensor:
                 .reshape(groups * group_c, out_c // groups, *ks)
         else:
             ids = ids.transpose(0, 1)
-        cached = (groups, ids.flip(list(range(2, weight.dim()))))
+        cached = (key, others, ids.flip(list(range(2, weight.dim()))))
         holder._scorch_conv_flipped = cached
-    return take_positions(cached[1], weight._values)
+    return take_positions(cached[2], weight._values)
 
 
 def _weight_grad(gy, x, weight: SparseTensor, geometry) -> SparseTensor:
