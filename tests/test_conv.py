@@ -1,10 +1,13 @@
 """Convolutions with a sparse weight (scorch.ops.conv), against torch's dense convolutions."""
 
 import itertools
+import os
 
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import scorch
 from scorch import _dispatch
@@ -191,3 +194,62 @@ def test_conv_transpose_errors(sparse_kernels):
         F.conv_transpose2d(rnd(2, 5, 5, 5), W)
     with pytest.raises(ValueError, match=r"output's spatial size \(-1, -1\) is not positive"):
         F.conv_transpose2d(x[:, :, :1, :1], W, padding=2)
+
+
+@st.composite
+def layers(draw):
+    """A random convolution (or transposed one): dims, sizes, stride, padding, dilation,
+    groups, output_padding, the weight's format and density, batched or not."""
+    nd = draw(st.integers(1, 3))
+    g = draw(st.integers(1, 3))
+    c, o = g * draw(st.integers(1, 3)), g * draw(st.integers(1, 3))
+    k = tuple(draw(st.integers(1, 3)) for _ in range(nd))
+    s = tuple(draw(st.integers(1, 3)) for _ in range(nd))
+    d = tuple(draw(st.integers(1, 2)) for _ in range(nd))
+    p = tuple(draw(st.integers(0, 2)) for _ in range(nd))
+    size = tuple(draw(st.integers(1, 7)) for _ in range(nd))
+    n = draw(st.integers(0, 2))
+    transposed = draw(st.booleans())
+    op = tuple(draw(st.integers(0, max(sk, dk) - 1)) for sk, dk in zip(s, d)) if transposed else None
+    fmt = draw(st.sampled_from(["coo", "csf", "dense", "ell"]))
+    return nd, n, c, o, k, s, d, p, g, size, op, fmt, draw(st.sampled_from([0.0, 0.3, 1.0])), draw(st.integers(0, 999))
+
+
+@settings(max_examples=int(60 * float(os.environ.get("CONV_EXAMPLES_SCALE", "1"))), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(layer=layers())
+def test_random_convolutions_and_their_gradients_match_dense(layer):
+    """Random conv / conv_transpose layers (1-3 spatial dims, strides, dilation, padding,
+    groups, output_padding, empty batches and weights) with a sparse weight: forward and both
+    gradients against the same layer with the dense weight; shapes torch rejects must raise."""
+    nd, n, c, o, k, s, d, p, g, size, op, fmt, density, seed = layer
+    transposed = op is not None
+    wshape = (c, o // g, *k) if transposed else (o, c // g, *k)
+    x, w = rnd(n, c, *size, seed=seed), rnd(*wshape, density=density, seed=seed + 1)
+    conv = (TRANSPOSE if transposed else CONV)[nd]
+    extra = (s, p, op, g, d) if transposed else (s, p, d, g)
+    xd, wd = x.clone().requires_grad_(), w.clone().requires_grad_()
+    try:
+        want = conv(xd, wd, None, *extra)
+    except RuntimeError:
+        with pytest.raises((ValueError, RuntimeError)):
+            conv(x, scorch.as_sparse(w, fmt), None, *extra)
+        return
+    if transposed and min(want.shape[2:]) == 0:   # torch returns an empty batch's empty output; scorch refuses
+        with pytest.raises(ValueError, match="spatial size .* is not positive"):
+            conv(x, scorch.as_sparse(w, fmt), None, *extra)
+        return
+    saved = scorch.config.dispatch, scorch.config.dense_fallback
+    scorch.config.dispatch, scorch.config.dense_fallback = "sparse", "raise"
+    try:
+        W, xs = scorch.as_sparse(w, fmt).requires_grad_(), x.clone().requires_grad_()
+        got = conv(xs, W, None, *extra)
+        torch.testing.assert_close(got, want)
+        gy = rnd(*want.shape, seed=seed + 2)
+        got.backward(gy)
+    finally:
+        scorch.config.dispatch, scorch.config.dense_fallback = saved
+    want.backward(gy)
+    torch.testing.assert_close(xs.grad, xd.grad)
+    stored = W.detach().with_values(torch.ones_like(W.detach().values())).to_dense() != 0   # dense formats store all
+    torch.testing.assert_close(W.grad.to_dense(), wd.grad * stored)

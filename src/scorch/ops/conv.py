@@ -246,7 +246,7 @@ def _flipped(weight: SparseTensor, groups: int) -> SparseTensor:
     the input's gradient).  The pattern, holding each entry's position in ``weight.values()``,
     is built once per weight pattern and kept on its index array (as convert's derived arrays
     are); each call gathers the current values into it (training changes values, not patterns)."""
-    holder = next(c for c in reversed(weight._crd) if c is not None)
+    holder = next((c for c in reversed(weight._crd) if c is not None), weight._values)   # (all-dense format)
     others = [a for a in (*weight._pos, *weight._crd) if a is not None and a is not holder]
     key = (groups, weight._format, weight._shape)   # an index array can be shared by a reshaped view
     cached = getattr(holder, "_scorch_conv_flipped", None)
