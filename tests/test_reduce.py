@@ -63,6 +63,31 @@ def test_softmax_matches_torch_sparse(fmt, dim, log):
                                torch.sparse.softmax(x.to_sparse(), dim).to_dense())
 
 
+@pytest.mark.parametrize("fmt", ["csr", "coo", "ell"])
+def test_softmin_and_glu_keep_sparsity(fmt):
+    """F.softmin is softmax(-x) with torch.sparse's semantics (oracle: torch.sparse.softmax of the
+    negated COO tensor); F.glu's result is sparse in the first half's pattern (oracle: dense
+    F.glu); neither takes the dense fallback, both differentiable."""
+    x = rnd(6, 8)
+    A = scorch.as_sparse(x, fmt)
+    saved, scorch.config.dense_fallback = scorch.config.dense_fallback, "raise"
+    try:
+        got = torch.nn.functional.softmin(A, dim=1)
+        g1, g0 = torch.nn.functional.glu(A, 1), torch.nn.functional.glu(A, dim=0)
+        with pytest.raises(ValueError, match="glu: the size 7 of dim 1 of input .6, 7. must exist and be even"):
+            torch.nn.functional.glu(scorch.as_sparse(x[:, :7], fmt), 1)
+    finally:
+        scorch.config.dense_fallback = saved
+    torch.testing.assert_close(got.to_dense(), torch.sparse.softmax(-x.to_sparse(), 1).to_dense())
+    assert isinstance(g1, scorch.SparseTensor) and g1.nnz == int((x[:, :4] != 0).sum())
+    torch.testing.assert_close(g1.to_dense(), torch.nn.functional.glu(x, 1))
+    torch.testing.assert_close(g0.to_dense(), torch.nn.functional.glu(x, 0))
+    P, xd = A.detach().requires_grad_(), x.clone().requires_grad_()
+    (torch.nn.functional.glu(P, 1) * 2).sum().backward()
+    (torch.nn.functional.glu(xd, 1) * 2).sum().backward()
+    torch.testing.assert_close(P.grad.to_dense(), xd.grad * (x != 0))
+
+
 def test_softmax_3d():
     x = rnd(3, 4, 5)
     A = scorch.as_sparse(x, "csf")

@@ -212,6 +212,12 @@ def softmax(x, dim=None, *args, dtype=None, **kwargs):
     return _softmax(x, dim, False, dtype)
 
 
+@implements(torch.nn.functional.softmin)
+def softmin(x, dim=None, _stacklevel=3, dtype=None):
+    """``softmax(-x, dim)``, torch.sparse's semantics as :func:`softmax` (absent entries take no part)."""
+    return _softmax(-x, dim, False, dtype)
+
+
 @implements(torch.log_softmax, torch.Tensor.log_softmax, torch.nn.functional.log_softmax, torch.sparse.log_softmax)
 def log_softmax(x, dim=None, *args, dtype=None, **kwargs):
     return _softmax(x, dim, True, dtype, "log_softmax")
