@@ -20,7 +20,6 @@ import torch
 from .._dispatch import as_torch_runs, broadcast_shapes, check_dense_size, densified, implements, write_out
 from ..compiler import driver
 from ..compiler.notation import Access, Op
-from ..errors import ScorchValueError
 from ..interop import from_torch, is_torch_sparse
 from ..tensor import SparseTensor
 from ._pattern import _lookup, project, same_pattern
@@ -121,14 +120,3 @@ def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     a, b = (t.to_dense() if isinstance(t, SparseTensor) else t for t in (input, other))
     return torch.allclose(a, b, rtol, atol, equal_nan)
 
-
-@implements(torch.nn.functional.glu)
-def glu(input, dim=-1):
-    """``a * sigmoid(b)`` for the halves ``a, b`` of ``input`` along ``dim``: sparse in ``a``'s
-    pattern (``sigmoid(b)`` is dense: sigmoid(0) = 1/2)."""
-    n = input.dim()
-    if not -n <= dim < n or input.shape[dim] % 2:
-        raise ScorchValueError(f"glu: the size {tuple(input.shape)[dim] if -n <= dim < n else None} of dim {dim} "
-                               f"of input {tuple(input.shape)} must exist and be even")
-    a, b = input.chunk(2, dim)
-    return a * torch.sigmoid(b)

@@ -1,0 +1,61 @@
+"""``torch.nn.functional`` activations written in Python over other ops (``glu``, ``softsign``,
+``rrelu``, the alpha dropouts) on a SparseTensor.  torch runs such a function's body with
+subclass handling off once it has been handed over, so its inner ops would reach the dense
+fallback; here they are spelled with scorch's sparse ops instead."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .._dispatch import implements
+from ..errors import NotSupportedError, ScorchValueError
+
+
+@implements(F.glu)
+def glu(input, dim=-1):
+    """``a * sigmoid(b)`` for the halves ``a, b`` of ``input`` along ``dim``: sparse in ``a``'s
+    pattern (``sigmoid(b)`` is dense: sigmoid(0) = 1/2)."""
+    n = input.dim()
+    if not -n <= dim < n or input.shape[dim] % 2:
+        raise ScorchValueError(f"glu: the size {tuple(input.shape)[dim] if -n <= dim < n else None} of dim {dim} "
+                               f"of input {tuple(input.shape)} must exist and be even")
+    a, b = input.chunk(2, dim)
+    return a * torch.sigmoid(b)
+
+
+@implements(F.softsign)
+def softsign(input):
+    """``x / (1 + |x|)``: zero where ``x`` is, so a SparseTensor keeps its pattern."""
+    return input.with_values(F.softsign(input.values()))
+
+
+@implements(F.rrelu)
+def rrelu(input, lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False):
+    """Randomised leaky ReLU on the stored values (a random slope per stored negative entry in
+    training): zero where ``input`` is, the pattern kept; ``inplace`` updates the stored values."""
+    if inplace:
+        F.rrelu(input._values, lower, upper, training, inplace=True)
+        torch.autograd.graph.increment_version(input)
+        return input
+    return input.with_values(F.rrelu(input.values(), lower, upper, training))
+
+
+def _alpha(name, dense_op):
+    def alpha_dropout(input, p=0.5, training=False, inplace=False):
+        """Identity out of training; in training dropped entries become a nonzero constant and
+        the rest an affine map of themselves: dense by definition, computed on the dense tensor."""
+        if not 0 <= p <= 1:
+            raise ScorchValueError(f"{name}: dropout probability has to be between 0 and 1, but got {p}")
+        if not training or p == 0:
+            return input
+        if inplace:
+            raise NotSupportedError(f"{name}: in place on a SparseTensor is not supported (the result is dense); "
+                                    "use inplace=False")
+        return dense_op(input.to_dense(), p, training)
+    alpha_dropout.__name__ = name
+    return alpha_dropout
+
+
+implements(F.alpha_dropout)(_alpha("alpha_dropout", F.alpha_dropout))
+implements(F.feature_alpha_dropout)(_alpha("feature_alpha_dropout", F.feature_alpha_dropout))

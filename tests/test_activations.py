@@ -1,0 +1,56 @@
+"""torch.nn.functional activations written in Python (softsign, rrelu, the alpha dropouts) on
+SparseTensors: against the same calls on the dense tensor, no dense fallback."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import scorch
+
+
+def rnd(*shape, density=0.4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64) * (torch.rand(*shape, generator=g) < density) + 0.0
+
+
+@pytest.fixture(autouse=True)
+def no_fallback(monkeypatch):
+    monkeypatch.setattr(scorch.config, "dense_fallback", "raise")
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "ell"])
+def test_softsign_and_rrelu_keep_the_pattern(fmt):
+    x = rnd(6, 8)
+    A = scorch.as_sparse(x, fmt)
+    for got, want in [(F.softsign(A), F.softsign(x)), (F.rrelu(A), F.rrelu(x)),
+                      (F.rrelu(A, 0.2, 0.4, training=False), F.rrelu(x, 0.2, 0.4, training=False))]:
+        assert isinstance(got, scorch.SparseTensor) and got.nnz == A.nnz
+        torch.testing.assert_close(got.to_dense(), want)
+    got = F.rrelu(A, 0.2, 0.4, training=True).to_dense()   # random slopes in [lower, upper] for negatives
+    neg = x < 0
+    torch.testing.assert_close(got[~neg], x[~neg])
+    slopes = got[neg] / x[neg]
+    assert ((slopes >= 0.2) & (slopes <= 0.4)).all()
+    B = A.clone()
+    assert F.rrelu(B, training=True, inplace=True) is B and B.nnz == A.nnz
+    P, xd = A.detach().requires_grad_(), x.clone().requires_grad_()
+    (F.softsign(P) * 3).sum().backward()
+    (F.softsign(xd) * 3).sum().backward()
+    torch.testing.assert_close(P.grad.to_dense(), xd.grad * (x != 0))
+
+
+@pytest.mark.parametrize("op", [F.alpha_dropout, F.feature_alpha_dropout])
+def test_alpha_dropouts_are_dense_in_training_and_identity_out_of_it(op):
+    x = rnd(4, 6, 5)
+    A = scorch.as_sparse(x, "coo")
+    assert op(A, 0.5) is A and op(A, 0.0, training=True) is A
+    torch.manual_seed(3)
+    got = op(A, 0.3, training=True)
+    torch.manual_seed(3)
+    want = op(x, 0.3, training=True)
+    assert not isinstance(got, scorch.SparseTensor)
+    torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match="dropout probability has to be between 0 and 1, but got 1.5"):
+        op(A, 1.5, training=True)
+    with pytest.raises(NotImplementedError, match="in place on a SparseTensor is not supported"):
+        op(A, 0.3, training=True, inplace=True)
