@@ -6,11 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import scorch
-
-
-def rnd(*shape, density=0.4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=torch.float64) * (torch.rand(*shape, generator=g) < density) + 0.0
+from strategies import make_dense
 
 
 @pytest.fixture(autouse=True)
@@ -20,7 +16,7 @@ def no_fallback(monkeypatch):
 
 @pytest.mark.parametrize("fmt", ["csr", "coo", "ell"])
 def test_softsign_and_rrelu_keep_the_pattern(fmt):
-    x = rnd(6, 8)
+    x = make_dense((6, 8), 0.4, seed=0)
     A = scorch.as_sparse(x, fmt)
     for got, want in [(F.softsign(A), F.softsign(x)), (F.rrelu(A), F.rrelu(x)),
                       (F.rrelu(A, 0.2, 0.4, training=False), F.rrelu(x, 0.2, 0.4, training=False))]:
@@ -41,7 +37,7 @@ def test_softsign_and_rrelu_keep_the_pattern(fmt):
 
 @pytest.mark.parametrize("op", [F.alpha_dropout, F.feature_alpha_dropout])
 def test_alpha_dropouts_are_dense_in_training_and_identity_out_of_it(op):
-    x = rnd(4, 6, 5)
+    x = make_dense((4, 6, 5), 0.4, seed=1)
     A = scorch.as_sparse(x, "coo")
     assert op(A, 0.5) is A and op(A, 0.0, training=True) is A
     torch.manual_seed(3)
