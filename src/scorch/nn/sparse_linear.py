@@ -117,10 +117,10 @@ class SparseLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ weight.T + bias``, computed as ``(weight @ x^T)^T`` (an SpMM whose batch is the
-        vectorised dimension): for a batch of rows the result is that transposed view, feature
-        dim outermost in memory, as torch.sparse's ``(W @ x.t()).t()`` gives; the next layer
-        reads it without a copy.  Call ``.contiguous()`` before a ``.view`` that merges the
-        feature dim with another."""
+        vectorised dimension): for a 2-d batch of rows the result is that transposed view,
+        feature dim outermost in memory, as torch.sparse's ``(W @ x.t()).t()`` gives; the next
+        layer reads it without a copy (call ``.contiguous()`` before a ``.view`` that merges its
+        two dims).  A batch of more dims comes back contiguous, as from ``nn.Linear``."""
         if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != self.in_features:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ScorchValueError(f"SparseLinear: input must have shape (..., in_features) = "

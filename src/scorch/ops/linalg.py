@@ -238,7 +238,9 @@ def linear(input, weight, bias=None):
         ops = (weight, permute.transposed(flat))
         fused = bias is not None and not is_sparse(bias) and bias.dim() == 1
         out = einsum_add("oi,ib->ob", ops, (bias[:, None],)) if fused else einsum("oi,ib->ob", *ops)
-        out = out.t().reshape(*input.shape[:-1], weight.shape[0])
+        # 2-d input: the transposed view, no copy (the next layer reads it as it is); a batch of
+        # more dims would get strides no dense linear gives, and ``.view`` of it fails: contiguous
+        out = out.t() if input.dim() == 2 else out.t().reshape(*input.shape[:-1], weight.shape[0]).contiguous()
         return out + bias if bias is not None and not fused else out
     elif bias is not None and not is_sparse(weight) and not is_sparse(bias):
         return einsum_add("...i,oi->...o", (input, weight), (bias,))
