@@ -29,6 +29,8 @@ def test_softsign_and_rrelu_keep_the_pattern(fmt):
     assert ((slopes >= 0.2) & (slopes <= 0.4)).all()
     B = A.clone()
     assert F.rrelu(B, training=True, inplace=True) is B and B.nnz == A.nnz
+    with pytest.raises(ValueError, match="inplace=True on a SparseTensor that requires grad"):
+        F.rrelu(A.detach().requires_grad_(), inplace=True)
     P, xd = A.detach().requires_grad_(), x.clone().requires_grad_()
     (F.softsign(P) * 3).sum().backward()
     (F.softsign(xd) * 3).sum().backward()

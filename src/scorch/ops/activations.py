@@ -35,6 +35,9 @@ def rrelu(input, lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False):
     """Randomised leaky ReLU on the stored values (a random slope per stored negative entry in
     training): zero where ``input`` is, the pattern kept; ``inplace`` updates the stored values."""
     if inplace:
+        if torch.is_grad_enabled() and input.requires_grad:   # the values' update would escape autograd
+            raise ScorchValueError("rrelu: inplace=True on a SparseTensor that requires grad is not supported; "
+                                   "use inplace=False")
         F.rrelu(input._values, lower, upper, training, inplace=True)
         torch.autograd.graph.increment_version(input)
         return input
