@@ -24,7 +24,6 @@ import torch
 
 from .._dispatch import (broadcast_shapes, check_dense_size, dense_fallback, densified, implements, implements_aten,
                          leaves, map_sparse, register_pointwise, write_out)
-from ..convert import coords_of
 from ..interop import is_torch_sparse, torch_sparse_as_ours
 from ..errors import InternalError, NotSupportedError, ScorchValueError
 from ..tensor import SparseTensor
@@ -73,8 +72,9 @@ def _scalar_key(x):
     return (t, x)
 
 
-def _computes_zero(func, args, kwargs) -> bool:
-    zargs, zkwargs = map_sparse(_zero_of, args, kwargs)
+def _computes_zero(func, args, kwargs, shape=()) -> bool:
+    """Whether ``func`` gives 0 (not NaN) with every SparseTensor argument zeros of ``shape``."""
+    zargs, zkwargs = map_sparse(lambda a: torch.zeros(shape, dtype=a._values.dtype), args, kwargs)
     try:
         z = func(*zargs, **zkwargs)
     except (RuntimeError, TypeError):
@@ -154,13 +154,7 @@ def _zero_beside_small_dense(func, args, kwargs, ref: SparseTensor) -> bool:
     if sum(d.numel() for d in dense) > ref._values.numel() or any(
             broadcast_shapes(d.shape, ref.shape) != tuple(ref.shape) for d in dense):
         return False
-    shape = broadcast_shapes(*(d.shape for d in dense)) if dense else ()
-    zargs, zkwargs = map_sparse(lambda a: torch.zeros(shape, dtype=a._values.dtype), args, kwargs)
-    try:
-        z = func(*zargs, **zkwargs)
-    except (RuntimeError, TypeError):
-        return False
-    return isinstance(z, torch.Tensor) and not bool(torch.isnan(z).any()) and bool((z == 0).all())
+    return _computes_zero(func, args, kwargs, broadcast_shapes(*(d.shape for d in dense)) if dense else ())
 
 
 def _dense_at(args, kwargs, ref: SparseTensor, at):
@@ -299,8 +293,7 @@ def _into_dense(func, args, kwargs):
     if sign is not None and isinstance(other, SparseTensor) and other.shape == dst.shape \
             and other.dtype == dst.dtype:
         alpha = args[2] if len(args) > 2 else kwargs.get("alpha", 1)
-        coords, _, where = coords_of(other._format, other._shape, other._pos, other._crd, other._values,
-                                     positions=True)
+        coords, where = stored(other)
         vals = other._values[where]
         return dst.index_put_(tuple(coords), vals if sign * alpha == 1 else vals * (sign * alpha), accumulate=True)
     check_dense_size(f"{func.overloadpacket.__name__} writes into a dense tensor, and", leaves(args, kwargs))

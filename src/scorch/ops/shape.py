@@ -41,6 +41,7 @@ from ..errors import NotSupportedError, ScorchIndexError, ScorchTypeError, Scorc
 from ..format import Format, preset
 from ..interop import as_sparse
 from ..tensor import SparseTensor
+from ._pattern import stored
 
 __all__ = [
     "reshape", "view", "flatten", "unflatten", "ravel", "squeeze", "unsqueeze",
@@ -538,7 +539,7 @@ def setitem(x, key, value):
     scalar = not isinstance(value, torch.Tensor) or value.dim() == 0
     if scalar and value != value:
         value = float("nan")
-    coords, _, where = convert.coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
+    coords, where = stored(x)
     points = key if isinstance(key, tuple) else (key,)
     if scalar and len(points) == x.dim() and all(isinstance(k, int) and not isinstance(k, bool) for k in points):
         # one position: found among the stored entries, no dense marks
@@ -580,9 +581,9 @@ def setitem(x, key, value):
         else:
             new = torch.zeros(x._shape, dtype=x.dtype)
             new[key] = value.to(x.dtype)
-        stored = torch.zeros(x._shape, dtype=torch.bool)
-        stored[tuple(coords)] = True
-        grows = marked & ~stored
+        held = torch.zeros(x._shape, dtype=torch.bool)
+        held[tuple(coords)] = True
+        grows = marked & ~held
         if bool(grows.any()) and (value != 0 if scalar else bool((new[grows] != 0).any() | new[grows].isnan().any())):
             raise NotSupportedError("setitem: the key selects positions the SparseTensor does not store, and the "
                                     "value there is not 0, which would grow the pattern in place; build a new tensor "
