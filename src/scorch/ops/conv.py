@@ -23,7 +23,8 @@ from ..errors import ScorchValueError
 from ..interop import is_sparse
 from ..tensor import SparseTensor
 from ._pattern import project
-from .einsum import einsum
+from ..compiler.notation import parse
+from .einsum import _grad_of, einsum
 from .shape import take_positions
 
 # Densities of the weight above which torch's dense convolution (oneDNN) of the densified weight
@@ -266,37 +267,43 @@ def _flipped(weight: SparseTensor, groups: int) -> SparseTensor:
 
 
 def _weight_grad(gy, x, weight: SparseTensor, geometry) -> SparseTensor:
-    s, pads, d, groups = geometry
-    nd = len(s)
-    mask = weight._like(values=torch.ones_like(weight._values), nnz=weight._stored)
-    out_c, group_c, *ks = weight.shape
-    kern, outs = _KERNEL[:nd], _OUT[:nd]
-    view = _windows(x, ks, geometry)   # cut to gy's positions (a transposed convolution's output_padding)
-    view = view[(Ellipsis,) + tuple(slice(0, n) for n in gy.shape[2:])]
+    """The weight's gradient in its pattern: the einsum's (one dot product per stored entry) for
+    the output's gradient ``gy`` over the windows of ``x``."""
+    s, _, _, groups = geometry
+    view = _windows(x, weight.shape[2:], geometry)   # cut to gy's positions (a transposed convolution's
+    view = view[(Ellipsis,) + tuple(slice(0, n) for n in gy.shape[2:])]   # output_padding)
+    equation, w, view = _grouped(view, weight, groups, len(s))
+    g = _grad_of(parse(equation, [tuple(w.shape), tuple(view.shape)]), (w, view), 0,
+                 gy.unflatten(1, (groups, -1)) if groups > 1 else gy)
     if groups == 1:
-        g = einsum(f"oc{kern},no{outs},nc{kern}{outs}->oc{kern}", mask, gy, view)
-    else:
-        mask = mask.reshape(groups, out_c // groups, group_c, *ks)
-        g = einsum(f"goc{kern},ngo{outs},ngc{kern}{outs}->goc{kern}", mask, gy.unflatten(1, (groups, -1)),
-                   view.unflatten(1, (groups, group_c))).reshape(weight.shape)
-    return weight._like(values=project(g, weight).to(weight.dtype), nnz=weight._stored)
+        return g
+    return weight._like(values=project(g.reshape(weight.shape), weight).to(weight.dtype), nnz=weight._stored)
+
+
+def _grouped(view, weight: SparseTensor, groups: int, nd: int, batch_inside: bool = False):
+    """``(equation, weight, view)`` of ``y[n, o, out...] = sum W[o, c, kernel...] * view[n, c,
+    kernel..., out...]``, per group (a group dim split off the channels) when ``groups > 1``;
+    ``batch_inside``: the batch dim moved after the channels, in the view and the result."""
+    kern, outs = _KERNEL[:nd], _OUT[:nd]
+    g = "g" if groups > 1 else ""
+    if groups > 1:
+        out_c, group_c, *ks = weight.shape
+        weight = weight.reshape(groups, out_c // groups, group_c, *ks)
+        view = view.unflatten(1, (groups, group_c))
+    if batch_inside:
+        view = view.movedim(0, len(g) + 1)
+    v, o = (f"{g}cn", f"{g}on") if batch_inside else (f"n{g}c", f"n{g}o")
+    return f"{g}oc{kern},{v}{kern}{outs}->{o}{outs}", weight, view
 
 
 def _windowed_product(view, weight: SparseTensor, groups: int, nd: int) -> torch.Tensor:
-    """``y[n, o, out...] = sum W[o, c, kernel...] * view[n, c, kernel..., out...]``, per group.
-    The kernel's outer loop runs over the batch, split across threads; with fewer samples than
-    threads the batch goes inside the weight's loops instead (the output channels are split)."""
-    kern, outs = _KERNEL[:nd], _OUT[:nd]
-    g = "g" if groups > 1 else ""
-    out_c, group_c, *ks = weight.shape
-    if groups > 1:
-        view = view.unflatten(1, (groups, group_c))                     # (n, g, c, ...)
-        weight = weight.reshape(groups, out_c // groups, group_c, *ks)
-    if view.shape[0] >= torch.get_num_threads():
-        y = einsum(f"{g}oc{kern},n{g}c{kern}{outs}->n{g}o{outs}", weight, view)
-    else:
-        view = view.movedim(0, 2 if groups > 1 else 1)                  # the batch after the channels
-        y = einsum(f"{g}oc{kern},{g}cn{kern}{outs}->{g}on{outs}", weight, view)
+    """:func:`_grouped`'s product.  The kernel's outer loop runs over the batch, split across
+    threads; with fewer samples than threads the batch goes inside the weight's loops instead
+    (the output channels are split)."""
+    inside = view.shape[0] < torch.get_num_threads()
+    equation, weight, view = _grouped(view, weight, groups, nd, inside)
+    y = einsum(equation, weight, view)
+    if inside:
         y = y.movedim(2 if groups > 1 else 1, 0).contiguous()
     return y.flatten(1, 2) if groups > 1 else y
 
