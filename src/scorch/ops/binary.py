@@ -119,4 +119,3 @@ def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     check_dense_size("allclose compares the dense values, and", [input, other])
     a, b = (t.to_dense() if isinstance(t, SparseTensor) else t for t in (input, other))
     return torch.allclose(a, b, rtol, atol, equal_nan)
-
