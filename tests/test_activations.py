@@ -1,4 +1,4 @@
-"""torch.nn.functional activations written in Python (softsign, rrelu, the alpha dropouts) on
+"""torch.nn.functional activations written in Python (softsign, rrelu, the alpha and channel dropouts) on
 SparseTensors: against the same calls on the dense tensor, no dense fallback."""
 
 import pytest
@@ -52,3 +52,35 @@ def test_alpha_dropouts_are_dense_in_training_and_identity_out_of_it(op):
         op(A, 1.5, training=True)
     with pytest.raises(NotImplementedError, match="in place on a SparseTensor is not supported"):
         op(A, 0.3, training=True, inplace=True)
+
+
+@pytest.mark.parametrize("op,shape", [(F.dropout1d, (2, 3, 5)), (F.dropout1d, (3, 5)), (F.dropout2d, (2, 3, 4, 4)),
+                                      (F.dropout2d, (3, 4, 4)), (F.dropout3d, (2, 3, 2, 3, 3)),
+                                      (F.dropout3d, (3, 2, 3, 3))])
+@pytest.mark.filterwarnings("ignore:dropout[23]d. Received a")   # torch's, for the unbatched shapes
+def test_channel_dropouts_keep_the_pattern_and_draw_torchs_noise(op, shape):
+    """dropout1d/2d/3d (whole channels dropped, the rest scaled): the same random draws as on the
+    dense tensor, so the same result -- in the input's pattern; in place on the stored values;
+    gradients masked to the pattern."""
+    x = make_dense(shape, 0.5, seed=1)
+    A = scorch.as_sparse(x, "csf")
+    for p in (0.0, 0.4, 1.0):
+        torch.manual_seed(3)
+        got = op(A, p, True)
+        torch.manual_seed(3)
+        want = op(x, p, True)
+        assert isinstance(got, scorch.SparseTensor) and got.nnz == A.nnz
+        torch.testing.assert_close(got.to_dense(), want)
+        B = A.clone()
+        torch.manual_seed(3)
+        op(B, p, True, inplace=True)
+        torch.testing.assert_close(B.to_dense(), want)
+    torch.testing.assert_close(op(A, 0.5, False).to_dense(), x)
+    P, xd = A.detach().requires_grad_(), x.clone().requires_grad_()
+    torch.manual_seed(4)
+    (op(P, 0.3) ** 2).sum().backward()
+    torch.manual_seed(4)
+    (op(xd, 0.3) ** 2).sum().backward()
+    torch.testing.assert_close(P.grad.to_dense(), xd.grad * (x != 0))
+    with pytest.raises(ValueError, match="dropout probability has to be between 0 and 1, but got 1.5"):
+        op(A, 1.5)

@@ -305,3 +305,39 @@ def test_scaled_products_take_torchs_keyword_names():
                  (y.clone().addmm_(A, mat2=X), y + x @ X)]
     for got, want in cases:
         torch.testing.assert_close(dense(got), want)
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "csc", "ell"])
+def test_smm_hspmm_sspaddmm_stay_sparse_like_torch_sparse(fmt):
+    """torch.sparse's sparse-result products: smm (in the operand's format), hspmm (rows stored,
+    each dense: [compressed, dense]), sspaddmm (beta * input + alpha * product, input's format);
+    oracle: the same calls on torch's COO tensors -- values and the number of stored entries."""
+    x = rnd(6, 5)
+    x[1] = 0                                                              # a row with nothing stored
+    X, y = rnd(5, 3, density=1, seed=1), rnd(6, 3, seed=2)
+    A, Y = scorch.as_sparse(x, fmt), scorch.as_sparse(y, fmt)
+    with no_fallback():
+        got = [torch.smm(A, X), A.smm(X), torch.hspmm(A, X), torch.sspaddmm(Y, A, X),
+               Y.sspaddmm(A, X, beta=2.0, alpha=-0.5)]
+    S, T = x.to_sparse(), y.to_sparse()
+    want = [torch.smm(S, X), S.smm(X), torch.hspmm(S, X), torch.sspaddmm(T, S, X),
+            T.sspaddmm(S, X, beta=2.0, alpha=-0.5)]
+    for g, w in zip(got, want):
+        assert isinstance(g, scorch.SparseTensor)
+        torch.testing.assert_close(g.to_dense(), w.to_dense())
+    assert [g.format for g in got] == [A.format, A.format, scorch.Format([scorch.compressed, scorch.dense]),
+                                       Y.format, Y.format]
+    assert got[0].nnz == want[0].coalesce()._nnz() and got[2].nnz == want[2]._values().numel()
+    Ag = A.clone().requires_grad_()                                       # differentiable as einsum is
+    Xg, xg, Xd = X.clone().requires_grad_(), x.clone().requires_grad_(), X.clone().requires_grad_()
+    (torch.smm(Ag, Xg) ** 2).sum().backward()
+    ((xg @ Xd) ** 2).sum().backward()
+    torch.testing.assert_close(Ag.grad.to_dense(), xg.grad * (x != 0))
+    torch.testing.assert_close(Xg.grad, Xd.grad)
+    with pytest.raises(ValueError, match="hspmm: expects a 2-d sparse mat1 and a 2-d mat2, got SparseTensor 2-d "
+                                         "and Tensor 1-d"):
+        torch.hspmm(A, X[:, 0])
+    with pytest.raises(ValueError, match=r"smm: mat1 \(6, 5\) and mat2 \(3, 3\) do not chain"):
+        torch.smm(A, X[:3])
+    with pytest.raises(ValueError, match=r"sspaddmm: input \(6, 5\) must have the product's shape \(6, 3\)"):
+        torch.sspaddmm(A, A, X)

@@ -1,5 +1,5 @@
 """``torch.nn.functional`` activations written in Python over other ops (``glu``, ``softsign``,
-``rrelu``, the alpha dropouts) on a SparseTensor.  torch runs such a function's body with
+``rrelu``, the alpha dropouts, channel dropout) on a SparseTensor.  torch runs such a function's body with
 subclass handling off once it has been handed over, so its inner ops would reach the dense
 fallback; here they are spelled with scorch's sparse ops instead."""
 
@@ -62,3 +62,29 @@ def _alpha(name, dense_op):
 
 implements(F.alpha_dropout)(_alpha("alpha_dropout", F.alpha_dropout))
 implements(F.feature_alpha_dropout)(_alpha("feature_alpha_dropout", F.feature_alpha_dropout))
+
+
+def _feature_dropout(inplace: bool):
+    def feature_dropout(input, p, train):
+        """Channel dropout (``F.dropout1d/2d/3d`` run it): each ``input[n, c]`` kept whole, scaled by
+        ``1 / (1 - p)``, or dropped -- ``input`` times a dense ``(N, C, 1, ...)`` noise drawn as torch
+        draws it, so the result stays in ``input``'s pattern (``inplace``: the stored values)."""
+        if not 0 <= p <= 1:
+            raise ScorchValueError(f"feature_dropout: dropout probability has to be between 0 and 1, but got {p}")
+        if not train or p == 0 or input.numel() == 0:
+            return input
+        if input.dim() < 2:
+            raise ScorchValueError(f"feature_dropout: input must have a batch and a channel dim, got "
+                                   f"{tuple(input.shape)}")
+        if p == 1:
+            noise = torch.zeros((), dtype=input.dtype)
+        else:
+            noise = torch.empty(*input.shape[:2], *[1] * (input.dim() - 2), dtype=input.dtype)
+            noise.bernoulli_(1 - p).div_(1 - p)
+        return input.mul_(noise) if inplace else input * noise
+    feature_dropout.__name__ = "feature_dropout_" if inplace else "feature_dropout"
+    return feature_dropout
+
+
+implements(torch.feature_dropout)(_feature_dropout(False))
+implements(torch.feature_dropout_)(_feature_dropout(True))

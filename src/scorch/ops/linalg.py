@@ -10,7 +10,8 @@ import torch
 from .._dispatch import accepts_out, broadcast_shapes, implements
 from ..compiler import permute
 from ..errors import NotSupportedError, ScorchTypeError, ScorchValueError
-from ..interop import is_sparse
+from ..format import Format, compressed, dense
+from ..interop import as_sparse, is_sparse
 from ..tensor import SparseTensor
 from .einsum import einsum, einsum_add
 from .reduce import _entries
@@ -221,6 +222,51 @@ def sampled_addmm(input, mat1, mat2, *, beta=1.0, alpha=1.0):
     if beta != 0:
         values = values + (input.values() * beta if beta != 1 else input.values())
     return input.with_values(values)
+
+
+def _sparse_times(name: str, mat1, mat2, format):
+    """``mat1 @ mat2`` kept sparse: the rows ``mat1`` stores, every column of ``mat2`` (torch.sparse's
+    ``smm`` / ``hspmm`` / ``sspaddmm``), in ``format`` (None: ``mat1``'s)."""
+    if not isinstance(mat2, torch.Tensor):
+        raise ScorchTypeError(f"{name}: mat2 must be a tensor, got {type(mat2).__name__}")
+    if not is_sparse(mat1) or mat1.dim() != 2 or mat2.dim() != 2:
+        raise ScorchValueError(f"{name}: expects a 2-d sparse mat1 and a 2-d mat2, got {type(mat1).__name__} "
+                               f"{mat1.dim()}-d and {type(mat2).__name__} {mat2.dim()}-d")
+    if mat1.shape[1] != mat2.shape[0]:
+        raise ScorchValueError(f"{name}: mat1 {tuple(mat1.shape)} and mat2 {tuple(mat2.shape)} do not chain")
+    if not isinstance(mat1, SparseTensor):
+        mat1 = as_sparse(mat1, "coo")   # a torch.sparse operand beside a SparseTensor mat2
+    return einsum("ij,jk->ik", mat1, mat2, format=format or mat1.format)
+
+
+@implements(torch.smm, torch.Tensor.smm)
+def smm(input, mat2):
+    """``torch.smm``: ``input @ mat2`` as a SparseTensor in ``input``'s format (torch's is COO): the
+    rows ``input`` stores, each with every column."""
+    return _sparse_times("smm", input, mat2, None)
+
+
+@implements(torch.hspmm)
+def hspmm(mat1, mat2):
+    """``torch.hspmm``: ``mat1 @ mat2`` as torch's hybrid COO holds it -- the rows ``mat1`` stores,
+    each a dense row: a SparseTensor in ``Format([compressed, dense])``."""
+    return _sparse_times("hspmm", mat1, mat2, Format([compressed, dense]))
+
+
+@implements(torch.sspaddmm, torch.Tensor.sspaddmm)
+def sspaddmm(input, mat1, mat2, *, beta=1, alpha=1):
+    """``torch.sspaddmm``: ``beta * input + alpha * (mat1 @ mat2)``, sparse (the union of ``input``'s
+    pattern and the rows ``mat1`` stores) in ``input``'s format."""
+    if not is_sparse(input) or input.dim() != 2:
+        raise ScorchValueError(f"sspaddmm: expects a 2-d sparse input, got {type(input).__name__} {input.dim()}-d")
+    if not isinstance(input, SparseTensor):
+        input = as_sparse(input, "coo")
+    prod = _sparse_times("sspaddmm", mat1, mat2, input.format)
+    if tuple(input.shape) != tuple(prod.shape):
+        raise ScorchValueError(f"sspaddmm: input {tuple(input.shape)} must have the product's shape "
+                               f"{tuple(prod.shape)}")
+    out = (input if beta == 1 else input * beta) + (prod if alpha == 1 else prod * alpha)
+    return out if out.format == input.format else out.asformat(input.format)   # (a union may pick another)
 
 
 @implements(torch.nn.functional.linear)

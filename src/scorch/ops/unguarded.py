@@ -7,7 +7,8 @@ handler to run the body with subclass handling off -- and then the body's inner 
 here the body runs as a copy of the function without that guard, with handling on: its inner
 calls with SparseTensors reach scorch's implementations.  Only functions whose inner calls mean
 the same on sparse operands are listed (``F.multi_head_attention_forward``: sparse projection
-weights go through ``F.linear``; ``F.cross_entropy`` is not -- its softmax would take
+weights go through ``F.linear``; ``F.dropout1d/2d/3d``, whose channel dropout keeps the
+pattern; ``F.cross_entropy`` is not -- its softmax would take
 torch.sparse's semantics).
 """
 
@@ -61,5 +62,6 @@ def _unguarded(func):
     return run
 
 
-for _func in (torch.nn.functional.multi_head_attention_forward,):
+for _func in (torch.nn.functional.multi_head_attention_forward, torch.nn.functional.dropout1d,
+              torch.nn.functional.dropout2d, torch.nn.functional.dropout3d):
     implements(_func)(_unguarded(_func))
