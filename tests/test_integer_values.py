@@ -28,6 +28,8 @@ def test_integer_products_sums_and_elementwise_match_torch(dtype, fmt):
     A, B = scorch.as_sparse(x, _fmt(fmt)), scorch.as_sparse(y, "csr")
     cases = [(A @ y, x @ y), (A @ y[:, 0], x @ y[:, 0]), ((A @ B).to_dense(), x @ y),
              ((A + A).to_dense(), x + x), ((A * A).to_dense(), x * x), (A.sum(1), x.sum(1)),
+             (A.prod(1), x.prod(1)), (A.prod(), x.prod()), ((A != 0).prod(0), (x != 0).prod(0)),
+             (A.prod(1, dtype=torch.float64), x.prod(1, dtype=torch.float64)),
              (scorch.einsum("ij,ij->", A, x), torch.einsum("ij,ij->", x, x))]
     for got, want in cases:
         assert got.dtype == want.dtype and torch.equal(got, want)

@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import scorch
 from scorch import SparseTensor
@@ -293,6 +294,31 @@ def test_in_place_ops_update_stored_values_or_refuse(x):
     with pytest.raises(NotImplementedError, match="in place"):
         torch.cumsum(A, 0, out=A)  # a non-pointwise write into a SparseTensor
     assert torch.equal(A.to_dense(), 2 * x)
+    B = scorch.as_sparse(x * (x > 0), "coo")   # a SparseTensor of another pattern: read as a dense operand
+    A.mul_(B)
+    assert torch.equal(A.to_dense(), 2 * x * x * (x > 0))
+    with pytest.raises(NotImplementedError, match="in place"):
+        A.add_(scorch.as_sparse(torch.ones_like(x), "csr"))
+
+
+def test_empty_like_is_unset_so_a_fill_reaches_every_entry(x):
+    """``empty_like(A)`` has no values yet: a fill gives the value everywhere (torch's C++ computes
+    ``s - A`` in composites as ``empty_like(A).fill_(s).sub_(A)``: hinge_embedding_loss was wrong
+    where A stores nothing), while a fill of a pattern (``nn.init.ones_`` on a sparse weight) keeps
+    it.  Oracle: dense torch."""
+    A = scorch.as_sparse(x, "csr")
+    E = torch.empty_like(A).fill_(2.5)
+    assert torch.equal(E.to_dense(), torch.full_like(x, 2.5))
+    assert torch.equal(A.new_empty((3, 2)).fill_(-1).to_dense(), torch.full((3, 2), -1.0))
+    assert torch.equal(torch.empty_like(A).fill_(0).to_dense(), torch.zeros_like(x))
+    W = A.clone()
+    torch.nn.init.ones_(W)
+    assert W.nnz == A.nnz and torch.equal(W.to_dense(), (x != 0).to(x.dtype))
+    target = torch.where(torch.arange(x.numel()).reshape(x.shape) % 3 == 0, -1.0, 1.0)
+    target[0] = 0   # neither label: both terms
+    for reduction in ("none", "mean", "sum"):
+        torch.testing.assert_close(F.hinge_embedding_loss(A, target, margin=0.5, reduction=reduction),
+                                   F.hinge_embedding_loss(x, target, margin=0.5, reduction=reduction))
 
 
 def test_torch_sparse_vocabulary(x):

@@ -26,6 +26,7 @@ from .._dispatch import (broadcast_shapes, check_dense_size, dense_fallback, den
                          leaves, map_sparse, register_pointwise, write_out)
 from ..interop import is_torch_sparse, torch_sparse_as_ours
 from ..errors import InternalError, NotSupportedError, ScorchValueError
+from ..format import Format, dense
 from ..tensor import SparseTensor
 from ._pattern import project, same_pattern, stored
 
@@ -120,7 +121,12 @@ def pointwise(func, args, kwargs):
         at = stored(ref)   # prelu's per-channel weight, a clamp's per-column bound: read at the entries
         vargs, vkwargs = map_sparse(_values_of, *_dense_at(args, kwargs, ref, at))
         return ref._like(values=func(*vargs, **vkwargs), nnz=ref._stored)
-    if not shared and mutable and args[0] is ref and all(same_pattern(ref, s) for s in sparse[1:]):
+    if not shared and mutable and args[0] is ref:
+        if not all(same_pattern(ref, s) for s in sparse[1:]):   # another pattern: read as a dense operand
+            check_dense_size(f"{func.overloadpacket.__name__} in place reads a SparseTensor of another pattern "
+                             "densely, and", sparse[1:])
+            args, kwargs = map_sparse(lambda a: a if a is ref or same_pattern(ref, a) else a.to_dense(),
+                                      args, kwargs)
         return _in_place_with_dense(func, args, kwargs, ref)
     if not shared:
         if mutable:
@@ -315,19 +321,36 @@ for _op, _make in ((torch.ops.aten.ones_like.default, torch.ones), (torch.ops.at
     implements_aten(_op)(_dense_of_shape(_make))
 
 
-@implements_aten(torch.ops.aten.zeros_like.default, torch.ops.aten.empty_like.default)
+@implements_aten(torch.ops.aten.zeros_like.default)
 def _zeros_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     """Zeros in the same pattern: the same dense value as torch's, and it stays sparse."""
     return x._like(values=torch.zeros_like(x._values, dtype=dtype), nnz=x._stored)
 
 
-@implements_aten(torch.ops.aten.new_zeros.default, torch.ops.aten.new_empty.default)
+@implements_aten(torch.ops.aten.new_zeros.default)
 def _new_zeros(x, size, dtype=None, layout=None, device=None, pin_memory=None):
     """``x.new_zeros(size)``: nothing stored, in ``x``'s format adapted to ``size`` (as a sparse
-    torch tensor's ``new_zeros`` stays sparse); ``new_empty`` the same (its values are unset)."""
+    torch tensor's ``new_zeros`` stays sparse)."""
     from .shape import rebuild
     return rebuild(x._format, tuple(size), torch.zeros((len(size), 0), dtype=torch.int64),
                    torch.zeros(0, dtype=x.dtype if dtype is None else dtype), x.index_dtype)
+
+
+def _unset(make):
+    """``empty_like`` / ``new_empty``: ``make``'s zeros (in the pattern / nothing stored), marked
+    *unset* -- every entry is the writer's, the absent ones too.  So the fill that such a tensor
+    usually gets next (``empty_like(y).fill_(s).sub_(y)`` is how torch's C++ computes ``s - y``
+    inside composite ops, e.g. ``hinge_embedding_loss``) gives ``s`` everywhere, not only at the
+    stored positions as a fill of a pattern does (an optimizer's or ``nn.init``'s)."""
+    def empty(*args, **kwargs):
+        out = make(*args, **kwargs)
+        out._unset = True
+        return out
+    return empty
+
+
+implements_aten(torch.ops.aten.empty_like.default)(_unset(_zeros_like))
+implements_aten(torch.ops.aten.new_empty.default)(_unset(_new_zeros))
 
 
 @implements_aten(torch.ops.aten.new_ones.default)
@@ -348,6 +371,12 @@ def _zero_(x):
 
 @implements_aten(torch.ops.aten.fill_.Scalar)
 def _fill_(x, value):
+    """The stored values (``nn.init.ones_(sparse_weight)``: the pattern is fixed); an unset
+    tensor (:func:`_unset`) takes ``value`` everywhere -- every position stored."""
+    n = len(x._shape)
+    if getattr(x, "_unset", False) and value != 0 and x._stored < math.prod(x._shape):
+        x._become(SparseTensor(Format([dense] * n), x._shape, (None,) * n, (None,) * n,
+                               torch.empty(math.prod(x._shape), dtype=x.dtype)))
     x._values.fill_(value)
     return x
 

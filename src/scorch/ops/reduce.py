@@ -500,8 +500,8 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
 @implements(torch.prod, torch.Tensor.prod)
 def prod(input, dim=None, keepdim=False, *, dtype=None):
     """Product over ``dim`` (int or None): the stored values' product where a fibre is full, 0
-    where it holds an implicit zero."""
-    values_dtype = input.dtype if dtype is None else dtype
+    where it holds an implicit zero; bool / integer values multiply as int64, as torch's do."""
+    values_dtype = dtype if dtype is not None else input.dtype if input.dtype.is_floating_point else torch.int64
     dims = _dims(dim, input.dim(), "prod")
     key, groups, fibre, vals = _fibres(input, dims)
     out = torch.ones(groups, dtype=values_dtype).scatter_reduce(0, key, vals.to(values_dtype), reduce="prod",
