@@ -90,6 +90,10 @@ OPTIMIZERS = {  # torch.optim on CPU loops over the tensors unless foreach=True 
     "NAdam": lambda p: torch.optim.NAdam(p, lr=0.05),
     "RAdam foreach": lambda p: torch.optim.RAdam(p, lr=0.3, foreach=True),
     "Adadelta foreach": lambda p: torch.optim.Adadelta(p, lr=5.0, foreach=True),
+    "Rprop": lambda p: torch.optim.Rprop(p, lr=0.01),   # writes sign[sign == 0] = 1 into a temporary
+    "Rprop foreach": lambda p: torch.optim.Rprop(p, lr=0.01, foreach=True),
+    "ASGD": lambda p: torch.optim.ASGD(p, lr=0.05),
+    "LBFGS": lambda p: torch.optim.LBFGS(p, lr=0.1, max_iter=2),
 }
 
 
@@ -104,11 +108,12 @@ def test_optimizers_update_a_sparse_parameter_in_place(name):
     o = opt([W])
     losses = []
     for _ in range(40):
-        o.zero_grad()
-        loss = (W @ X - target).pow(2).mean()
-        loss.backward()
-        o.step()
-        losses.append(loss.item())
+        def closure():
+            o.zero_grad()
+            loss = (W @ X - target).pow(2).mean()
+            loss.backward()
+            return loss
+        losses.append(o.step(closure).item())
     assert isinstance(W, scorch.SparseTensor) and torch.equal(W.crd(1), crd_before)  # pattern unchanged
     assert losses[-1] < 0.5 * losses[0]
     # the reference: the same model with a dense masked weight
@@ -116,9 +121,12 @@ def test_optimizers_update_a_sparse_parameter_in_place(name):
     Wd = torch.nn.Parameter((rnd(6, 8) * mask).clone())
     od = opt([Wd])
     for _ in range(40):
-        od.zero_grad()
-        ((Wd * mask) @ X - target).pow(2).mean().backward()
-        od.step()
+        def closure_dense():
+            od.zero_grad()
+            loss = ((Wd * mask) @ X - target).pow(2).mean()
+            loss.backward()
+            return loss
+        od.step(closure_dense)
     torch.testing.assert_close(W.to_dense(), (Wd * mask).detach(), rtol=1e-6, atol=1e-8)
 
 

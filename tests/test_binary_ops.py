@@ -270,10 +270,10 @@ MASKS = {"entrywise": lambda x: x > 0.2, "a row": lambda x: torch.arange(x.shape
 
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("fmt", ["coo", "csr", "ell"])
-def test_masked_fill_keeps_the_pattern_for_zero_and_refuses_to_grow_it_in_place(mask, fmt):
+def test_masked_fill_keeps_the_pattern_for_zero_and_grows_it_in_place(mask, fmt):
     """``masked_fill(mask, 0)`` stays sparse in the pattern (it densified); another value gives
-    the dense result; in place, a value lands on the stored entries only when the mask selects
-    no others (else it raises); oracle: masked_fill on the dense tensor."""
+    the dense result; in place, a value lands on the stored entries, and where the mask selects
+    others they join the pattern; oracle: masked_fill on the dense tensor."""
     x = rnd(5, 6)
     A = scorch.as_sparse(x, fmt)
     m = MASKS[mask](x)
@@ -288,9 +288,10 @@ def test_masked_fill_keeps_the_pattern_for_zero_and_refuses_to_grow_it_in_place(
     C = A.clone()
     C.masked_fill_(on_stored, 3.0)
     torch.testing.assert_close(C.to_dense(), x.masked_fill(on_stored, 3.0), rtol=0, atol=0)
-    if bool((m.expand(x.shape) & (x == 0)).any()):
-        with pytest.raises(NotImplementedError, match="grow its pattern"):
-            A.clone().masked_fill_(m, 3.0)
+    D = A.clone()
+    assert D.masked_fill_(m, 3.0) is D and D.format == A.format
+    torch.testing.assert_close(D.to_dense(), x.masked_fill(m, 3.0), rtol=0, atol=0)
+    assert D.nnz == int(((x != 0) | m.expand(x.shape)).sum())   # the stored entries and the filled ones
 
 
 FILLS = {"uniform_": lambda t, g: t.uniform_(-2, 3, generator=g), "normal_": lambda t, g: t.normal_(1, 2, generator=g),

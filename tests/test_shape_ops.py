@@ -889,18 +889,24 @@ def test_setitem_updates_stored_entries(name):
         assert A.nnz == nnz   # the pattern is kept (a zero written stays stored)
 
 
-def test_setitem_refuses_to_grow_the_pattern_and_to_bypass_autograd():
+def test_setitem_grows_the_pattern_and_refuses_to_bypass_autograd():
+    """A nonzero written where nothing is stored joins the pattern (a point, a column, a row of
+    NaNs), the format and index width kept; oracle: the same assignments on the dense tensor."""
     x = torch.tensor([[1.0, 0, 2], [0, 3, 0]], dtype=torch.float64)
-    A = scorch.as_sparse(x, "csr")
-    with pytest.raises(NotSupportedError, match="grow"):
-        A[0, 1] = 5.0
-    with pytest.raises(NotSupportedError, match="grow"):
-        A[:, 1] = torch.tensor([1.0, 1.0], dtype=x.dtype)
-    with pytest.raises(NotSupportedError, match="grow"):
-        A[0] = float("nan")
+    A, y = scorch.as_sparse(x, "csr"), x.clone()
+    A[0, 1] = 5.0
+    y[0, 1] = 5.0
+    check(A, y)
+    A[:, 1] = torch.tensor([1.0, 0.0], dtype=x.dtype)   # a stored position may take 0: it stays stored
+    y[:, 1] = torch.tensor([1.0, 0.0], dtype=x.dtype)
+    check(A, y)
+    assert A.nnz == 4 and A.format == scorch.formats.csr and A.index_dtype == torch.int32
+    A[1] = float("nan")
+    y[1] = float("nan")
+    torch.testing.assert_close(A.to_dense(), y, rtol=0, atol=0, equal_nan=True)
     with pytest.raises(IndexError):
         A[2, 0] = 1.0
-    check(A, x)   # nothing written by the refused assignments
+    assert A.nnz == 6
     B = scorch.as_sparse(x, "csr").requires_grad_()
     with pytest.raises(NotSupportedError, match="requires grad"):
         B[0, 0] = 1.0
@@ -923,8 +929,8 @@ def test_setitem_after_saving_for_backward_is_detected():
 @pytest.mark.parametrize("wrap", [False, True])
 @pytest.mark.parametrize("shape", [(5, 3), (3, 5), (3, 3, 3)], ids=str)
 def test_fill_diagonal_(shape, wrap):
-    """fill_diagonal_ writes the stored diagonal positions (it wrote into a copy: lost); a nonzero
-    value on an absent diagonal position raises; oracle: the dense fill_diagonal_."""
+    """fill_diagonal_ writes the diagonal (it wrote into a copy: lost), absent positions joining the
+    pattern; oracle: the dense fill_diagonal_."""
     x = sample(shape, density=0.6) + 0.0
     for d in range(min(shape)):
         x[(d,) * len(shape)] = 1.0 + d   # a stored diagonal
@@ -933,17 +939,14 @@ def test_fill_diagonal_(shape, wrap):
             continue
         A, y = scorch.as_sparse(x, fmt), x.clone()
         y.fill_diagonal_(-4.0, wrap=wrap)
-        if torch.equal(y != 0, x != 0):
-            assert A.fill_diagonal_(-4.0, wrap=wrap) is A
-            check(A, y)
-        else:   # the wrapped diagonal reaches an absent position
-            with pytest.raises(NotSupportedError, match="grow"):
-                A.fill_diagonal_(-4.0, wrap=wrap)
+        assert A.fill_diagonal_(-4.0, wrap=wrap) is A   # (the wrapped diagonal may reach absent positions)
+        check(A, y)
     E = scorch.as_sparse(torch.zeros(shape, dtype=torch.float64), "coo")
-    with pytest.raises(NotSupportedError, match="grow"):
-        E.fill_diagonal_(1.0)
-    E.fill_diagonal_(0.0)   # zeros land anywhere
+    E.fill_diagonal_(0.0)   # zeros land anywhere, stored nowhere
     assert E.nnz == 0
+    E.fill_diagonal_(1.0)
+    assert E.nnz == min(shape)
+    check(E, torch.zeros(shape, dtype=torch.float64).fill_diagonal_(1.0))
 
 
 def test_in_place_triangles_and_copy_of_a_number():
@@ -964,40 +967,37 @@ def test_in_place_triangles_and_copy_of_a_number():
 
 @pytest.mark.parametrize("dim,index,value", [(0, [0, 2], 0.0), (1, [1], 0.0), (1, [0, 3], 2.5), (-1, [], 7.0)])
 def test_index_fill(dim, index, value):
-    """index_fill_ writes through setitem (it raised); index_fill stays sparse where it can,
-    else gives torch's dense result; oracle: the dense ops."""
+    """index_fill_ writes through setitem (it raised), the filled positions joining the pattern;
+    index_fill does the same on a copy; oracle: the dense ops."""
     x = torch.tensor([[1.0, 0, 2, 4], [0, 3, 0, 5], [6, 7, 8, 9]], dtype=torch.float64)
     idx = torch.tensor(index, dtype=torch.int64)
     want = x.index_fill(dim, idx, value)
     A = scorch.as_sparse(x, "csr")
     got = A.index_fill(dim, idx, value)
-    assert isinstance(got, SparseTensor) == bool(torch.equal(want != 0, (want != 0) & (x != 0)) or value == 0)
-    torch.testing.assert_close(got.to_dense() if isinstance(got, SparseTensor) else got, want, rtol=0, atol=0)
-    if isinstance(got, SparseTensor):
-        B = A.clone()
-        assert B.index_fill_(dim, idx, value) is B
-        check(B, want)
-    else:
-        with pytest.raises(NotSupportedError, match="grow"):
-            A.clone().index_fill_(dim, idx, value)
+    assert isinstance(got, SparseTensor)
+    torch.testing.assert_close(got.to_dense(), want, rtol=0, atol=0)
+    check(A, x)   # the copy was written
+    B = A.clone()
+    assert B.index_fill_(dim, idx, value) is B
+    check(B, want)
 
 
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_index_put(accumulate):
     """index_put_ writes (or adds) through setitem, repeated indices as torch treats them; a write
-    to an absent position raises in place, and index_put gives torch's dense result for it."""
+    to an absent position adds it to the pattern, in place or (index_put) in a copy."""
     x = torch.tensor([[1.0, 0, 2], [0, 3, 0]], dtype=torch.float64)
     rows, cols = torch.tensor([0, 1, 0]), torch.tensor([0, 1, 0])
     v = torch.tensor([5.0, 6.0, 7.0], dtype=torch.float64)
     A, y = scorch.as_sparse(x, "coo"), x.clone()
     assert A.index_put_((rows, cols), v, accumulate=accumulate) is A
     check(A, y.index_put_((rows, cols), v, accumulate=accumulate))
-    got = A.index_put((torch.tensor([1]), torch.tensor([2])), torch.tensor(4.0, dtype=x.dtype), accumulate=accumulate)
-    assert type(got) is torch.Tensor
-    assert_dense_equal(got, y.index_put((torch.tensor([1]), torch.tensor([2])), torch.tensor(4.0, dtype=x.dtype),
-                                        accumulate=accumulate))
-    with pytest.raises(NotSupportedError, match="grow"):
-        A.index_put_((torch.tensor([1]), torch.tensor([2])), torch.tensor(4.0, dtype=x.dtype), accumulate=accumulate)
+    key, four = (torch.tensor([1]), torch.tensor([2])), torch.tensor(4.0, dtype=x.dtype)
+    got = A.index_put(key, four, accumulate=accumulate)
+    assert isinstance(got, SparseTensor) and got.nnz == A.nnz + 1
+    assert_dense_equal(got.to_dense(), y.index_put(key, four, accumulate=accumulate))
+    assert A.index_put_(key, four, accumulate=accumulate) is A
+    check(A, y.index_put_(key, four, accumulate=accumulate))
 
 
 @st.composite
@@ -1019,8 +1019,7 @@ def setitem_keys(draw, shape):
 @given(data=st.data())
 def test_setitem_property(data):
     """Any key, a number or a tensor value: the SparseTensor equals the dense tensor after the
-    same assignment -- or, exactly when a nonzero would land on an absent position, the
-    assignment raises and nothing changed."""
+    same assignment; it stores what it stored and the nonzeros written where it did not."""
     A, x = data.draw(sparse_tensors())
     key = data.draw(setitem_keys(tuple(x.shape)))
     y = x.clone()
@@ -1031,21 +1030,16 @@ def test_setitem_property(data):
         value = make_dense(selected_shape, data.draw(densities), data.draw(seeds), x.dtype)
     y[key] = value
     stored = A._like(values=torch.ones(A._values.shape), nnz=A._stored).to_dense() != 0
-    grows = bool(((y != 0) & ~stored).any())
-    before = A.to_dense()
-    if grows:
-        with pytest.raises(NotSupportedError, match="grow"):
-            A[key] = value
-        assert_dense_equal(A.to_dense(), before)
-    else:
-        A[key] = value
-        assert_dense_equal(A.to_dense(), y)
+    fmt = A.format
+    A[key] = value
+    assert_dense_equal(A.to_dense(), y)
+    assert A.format == fmt and A.nnz == int((stored | ((y != 0) | y.isnan())).sum())
 
 
 def test_setitem_of_rows_columns_blocks_needs_no_dense_copy():
     """Ints and slices are matched against the coordinates: a 1e6 x 1e6 matrix (4 TB dense,
-    beyond the dense-copy limit) gets a row, a column and a block zeroed; a nonzero on an absent
-    position still raises."""
+    beyond the dense-copy limit) gets a row, a column and a block zeroed, then a row of ones (a
+    million new entries); a whole matrix of them is refused by the dense-copy limit."""
     n = 10**6
     idx = torch.tensor([[5, 5, 7, 12, 999_999], [3, 7, 7, 40, 7]])
     A = scorch.from_coo(idx, torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]), (n, n), format="csr")
@@ -1053,5 +1047,7 @@ def test_setitem_of_rows_columns_blocks_needs_no_dense_copy():
     A[:, 7] = 0
     A[10:20, ...] = 0.0
     assert A.values().tolist() == [0.0, 0.0, 0.0, 0.0, 0.0] and A.nnz == 5
-    with pytest.raises(NotSupportedError, match="grow"):
-        A[999_999, :] = 1.0
+    A[999_999, :] = 1.0
+    assert A.nnz == 5 + n - 1 and float(A.values().sum()) == n   # (999_999, 7) was stored: a 0 before
+    with pytest.raises(NotSupportedError, match="would add them to its pattern, over"):
+        A[:, :] = 2.0

@@ -467,17 +467,18 @@ def _masked_fill(self, mask, value):
 @implements_aten(torch.ops.aten.masked_fill_.Scalar, torch.ops.aten.masked_fill_.Tensor)
 def _masked_fill_(self, mask, value):
     """In place: the masked stored values take ``value``; a nonzero value where nothing is stored
-    would grow the pattern, which an in-place op cannot -- that raises."""
+    joins the pattern (as ``x[mask] = value`` does: :func:`~scorch.ops.shape.store_at`)."""
     value = _fill_value(value)
     if not isinstance(self, SparseTensor):
         return self.masked_fill_(mask.to_dense(), value)
     hits = _mask_hits(self, mask)
     if value != 0:
-        m = mask.to_dense() if isinstance(mask, SparseTensor) else mask
-        if int(m.expand(self._shape).sum()) != int(hits.sum()):
-            raise NotSupportedError("masked_fill_: the mask selects positions the SparseTensor does not store, and "
-                                    f"filling them with {value!r} would grow its pattern; use the out-of-place "
-                                    "masked_fill (dense) or fill with 0")
+        m = (mask.to_dense() if isinstance(mask, SparseTensor) else mask).expand(self._shape)
+        if int(m.sum()) != int(hits.sum()):
+            from .shape import store_at
+            at = m.nonzero().t()
+            store_at(self, at, torch.as_tensor(value).expand(at.shape[1]), "masked_fill_")
+            return self
     self._values.masked_fill_(hits, value)
     return self
 

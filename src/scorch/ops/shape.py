@@ -35,7 +35,7 @@ import operator
 
 import torch
 
-from .. import convert
+from .. import config, convert
 from .._dispatch import check_dense_size, implements, leaves
 from ..errors import NotSupportedError, ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..format import Format, preset
@@ -523,11 +523,10 @@ def getitem(x, key):
 @implements(torch.Tensor.__setitem__)
 def setitem(x, key, value):
     """``x[key] = value`` with a SparseTensor ``x``: the stored entries the key selects take the
-    value (broadcast as torch broadcasts it; any key torch takes); a selected position ``x`` does
-    not store may only receive 0 -- another value would grow the pattern in place, which raises,
-    as ``masked_fill_`` does.  (torch.sparse refuses every assignment; before this, one into a
-    SparseTensor went into a temporary and was lost.)  A dense ``x`` with a sparse key or value:
-    on their dense values."""
+    value (broadcast as torch broadcasts it; any key torch takes); a nonzero written where ``x``
+    stores nothing joins the pattern (:func:`store_at`, as ``copy_`` takes its source's).
+    (torch.sparse refuses every assignment.)  A dense ``x`` with a sparse key or value: on their
+    dense values."""
     if not isinstance(x, SparseTensor):
         return _dense_call(torch.Tensor.__setitem__, x, key, value)
     if torch.is_grad_enabled() and x.requires_grad:
@@ -550,8 +549,7 @@ def setitem(x, key, value):
         at = torch.tensor([k % x._shape[d] for d, k in enumerate(point)], dtype=_I64)
         hit = (coords == at[:, None]).all(0)
         if not bool(hit.any()) and value != 0:
-            raise NotSupportedError(f"setitem: x{list(point)} is not stored, and writing {value!r} there would grow "
-                                    "the pattern in place; build a new tensor (or convert with x.to_dense())")
+            return store_at(x, at[:, None], torch.as_tensor(value).reshape(1), "setitem")
         x._values[where[hit]] = value
     elif scalar and (items := _basic_items(key, x.dim())) is not None:
         # ints and slices (a row, a column, a block): the selection read off the coordinates
@@ -568,9 +566,11 @@ def setitem(x, key, value):
                 positions *= len(range(start, stop, step))
                 hit &= (coords[d] >= start) & (coords[d] < stop) & ((coords[d] - start) % step == 0)
         if value != 0 and int(hit.sum()) < positions:
-            raise NotSupportedError("setitem: the key selects positions the SparseTensor does not store, and the "
-                                    f"value {value!r} there would grow the pattern in place; build a new tensor (or "
-                                    "convert with x.to_dense())")
+            _check_store_size(x, positions, "setitem")
+            axes = [torch.tensor([_int(v, "setitem", "index") % n]) if kind == "int"
+                    else torch.arange(*v.indices(n)) for (kind, v), n in zip(items, x._shape)]
+            at = torch.stack([a.reshape(-1) for a in torch.meshgrid(*axes, indexing="ij")])
+            return store_at(x, at, torch.as_tensor(value).expand(at.shape[1]), "setitem")
         x._values[where[hit]] = value
     else:
         check_dense_size("setitem marks the selected positions of the dense shape, and", [x])
@@ -585,13 +585,41 @@ def setitem(x, key, value):
         held[tuple(coords)] = True
         grows = marked & ~held
         if bool(grows.any()) and (value != 0 if scalar else bool((new[grows] != 0).any() | new[grows].isnan().any())):
-            raise NotSupportedError("setitem: the key selects positions the SparseTensor does not store, and the "
-                                    "value there is not 0, which would grow the pattern in place; build a new tensor "
-                                    "(or convert with x.to_dense())")
+            at = marked.nonzero().t()
+            return store_at(x, at, torch.as_tensor(value).expand(at.shape[1]) if scalar else new[tuple(at)],
+                            "setitem")
         hit = marked[tuple(coords)]
         x._values[where[hit]] = value if scalar else new[tuple(coords[:, hit])]   # (a format's last level
         # is unique: no coordinate is stored twice)
     torch.autograd.graph.increment_version(x)   # a tensor saved for backward sees the write
+
+
+def _check_store_size(x: SparseTensor, k: int, name: str) -> None:
+    limit = config.dense_fallback_max_bytes
+    if limit is not None and k * (8 * len(x._shape) + x._values.element_size()) > limit:
+        raise NotSupportedError(f"{name}: writing {k} positions the SparseTensor does not all store would add "
+                                f"them to its pattern, over scorch.config.dense_fallback_max_bytes = "
+                                f"{limit / 2**30:.1f} GiB; use x.to_dense() if you mean it, or raise the limit")
+
+
+def store_at(x: SparseTensor, at: torch.Tensor, values: torch.Tensor, name: str) -> None:
+    """Write ``values`` at the coordinates ``at`` (``ndim x k``, unique) of ``x`` where some land on
+    positions ``x`` does not store: ``x`` takes new storage (in its format and index width) holding
+    its stored entries, explicit zeros too, and the written ones -- a written 0 only where one
+    was stored.  The selection's size, not the dense shape's, bounds the work."""
+    _check_store_size(x, at.shape[1], name)
+    coords, where = stored(x)
+    old = ravel_coords(coords, x._shape, coords.shape[1])
+    new = ravel_coords(at, x._shape, at.shape[1])
+    values = values.to(x.dtype)
+    keep = (values != 0) | values.isnan() | torch.isin(new, old)
+    ids = torch.cat([old, new[keep]])
+    uniq, inverse = torch.unique(ids, return_inverse=True)
+    last = torch.full((uniq.numel(),), -1, dtype=_I64).scatter_reduce(   # a written value wins over a stored one
+        0, inverse, torch.arange(ids.numel(), dtype=_I64), "amax")
+    every = torch.cat([coords, at[:, keep]], 1)[:, last]
+    x._become(rebuild(x._format, x._shape, every, torch.cat([x._values[where], values[keep]])[last], x.index_dtype))
+    torch.autograd.graph.increment_version(x)
 
 
 def _basic_items(key, ndim: int):
