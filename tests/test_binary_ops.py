@@ -395,3 +395,20 @@ def test_dense_by_definition_ops_compute_densely_without_a_warning(name):
         got = DENSE_BY_DEFINITION[name](A, B)
     assert type(got) is torch.Tensor
     torch.testing.assert_close(got, DENSE_BY_DEFINITION[name](a, b))
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo"])
+def test_bool_add_and_mul_are_or_and_and(fmt):
+    """bool + bool and bool * bool (torch: logical or / and; the compiler takes no bool values):
+    sparse where torch's sparse rules keep them sparse; bool - bool is refused as torch refuses
+    it.  Oracle: dense torch."""
+    b = torch.tensor([[False, True, False], [True, False, False]])
+    c = torch.tensor([[True, True, False], [False, False, True]])
+    B, C = scorch.as_sparse(b, fmt), scorch.as_sparse(c, "coo")
+    for got, want, sparse in [(B + C, b + c, True), (B * C, b * c, True), (B * c, b * c, True),
+                              (c[0] * B, c[0] * b, True), (B + c, b + c, False), (torch.add(B, C), b + c, True)]:
+        assert isinstance(got, scorch.SparseTensor) == sparse
+        got = got.to_dense() if sparse else got
+        assert got.dtype == torch.bool and torch.equal(got, want)
+    with pytest.raises(NotImplementedError, match="subtracting two bool tensors"):
+        B - C

@@ -389,3 +389,64 @@ def test_isin(test, invert, fmt):
     assert torch.equal(got.to_dense() if isinstance(got, scorch.SparseTensor) else got, want)
     T = scorch.as_sparse(torch.tensor([[0.0, 3.0]], dtype=x.dtype), "coo")   # stores 3; 0 absent: counts
     assert torch.equal(torch.isin(x, T), torch.isin(x, torch.tensor([0.0, 3.0], dtype=x.dtype)))
+
+
+VALUE_KINDS = {   # (name) -> a dense 2 x 4 tensor with absent zeros, in a dtype and with values that
+    "int64": torch.tensor([[0, 3, 0, -7], [-2, 0, 5, 0]]),                 # have tripped reductions
+    "int8": torch.tensor([[0, 3, 0, -7], [-2, 0, 5, 0]], dtype=torch.int8),
+    "uint8": torch.tensor([[0, 3, 0, 7], [2, 0, 5, 0]], dtype=torch.uint8),
+    "bool": torch.tensor([[False, True, False, False], [False, False, False, False]]),
+    "nan": torch.tensor([[0.0, float("nan"), 1.0, 0.0], [-2.0, 0.0, 0.0, float("inf")]]),
+}
+
+
+@pytest.mark.parametrize("kind", list(VALUE_KINDS))
+@pytest.mark.parametrize("fmt", ["csr", "coo"])
+def test_extremes_products_and_flags_over_integer_bool_and_nan_values(kind, fmt):
+    """max / min / argmax / argmin / amax / amin / median / prod / any / all of integer, bool and
+    NaN-holding values: the dtypes, the values and the indices dense torch gives (the extremes
+    started from +-inf, which integers cannot hold and bool reads as True; a NaN's index was past
+    the end; a product of a NaN or inf with an absent zero was 0)."""
+    x = VALUE_KINDS[kind]
+    A = scorch.as_sparse(x, fmt)
+    ops = {"amax": lambda t: t.amax(), "amax1": lambda t: t.amax(1), "amin0": lambda t: torch.amin(t, 0),
+           "max1": lambda t: tuple(t.max(1)), "min0": lambda t: tuple(t.min(0)), "max": lambda t: t.max(),
+           "any1": lambda t: t.any(1), "all0": lambda t: t.all(0), "any": lambda t: t.any(dim=(0, 1))}
+    if kind != "bool":   # (torch has no bool argmax / median)
+        ops.update({"argmax": lambda t: t.argmax(), "argmin1": lambda t: t.argmin(1), "prod1": lambda t: t.prod(1),
+                    "median1": lambda t: t.median(1).values,   # (its index among tied zeros is torch's choice)
+                    "median": lambda t: t.median(), "prod": lambda t: t.prod()})
+    for name, op in ops.items():
+        got, want = op(A), op(x)
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            assert g.dtype == w.dtype, name
+            torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True, msg=name)
+
+
+def test_norms_sums_and_empty_dims_follow_torch():
+    """A norm along a dim is NaN where the fibre holds a NaN (it was 0); ``sum(dtype=)`` casts
+    before summing (float16 overflowed); ``dim=()`` / ``[]`` reduce every dim; a dim out of range
+    is an IndexError, as torch's.  Oracle: dense torch."""
+    x = torch.tensor([[0.0, float("nan"), 1.0], [-2.0, 0.0, 0.0]])
+    A = scorch.as_sparse(x, "csr")
+    for got, want in [(A.norm(dim=1), x.norm(dim=1)), (torch.linalg.vector_norm(A, 3, dim=1),
+                                                        torch.linalg.vector_norm(x, 3, dim=1))]:
+        torch.testing.assert_close(got, want, equal_nan=True)
+    h = torch.zeros(2000, dtype=torch.float16)
+    h[::2] = 100.0
+    H = scorch.as_sparse(h, "coo")
+    for got, want in [(H.sum(dtype=torch.float32), h.sum(dtype=torch.float32)),
+                      (H.mean(dtype=torch.float32), h.mean(dtype=torch.float32))]:
+        assert got.dtype == want.dtype and torch.isfinite(got)
+        torch.testing.assert_close(got, want)
+    g = torch.tensor([[0.0, 2.0, 0.0], [-1.0, 0.0, 3.0]])
+    G = scorch.as_sparse(g, "csr")
+    for op in (lambda t: t.sum(()), lambda t: t.sum(dim=[]), lambda t: t.mean(dim=[]), lambda t: t.nansum(()),
+               lambda t: torch.count_nonzero(t, ()), lambda t: t.sum((), keepdim=True)):
+        got, want = op(G), op(g)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want)
+    for op in (lambda t: t.sum(5), lambda t: t.amax(2), lambda t: t.max(-3), lambda t: t.argmax(2),
+               lambda t: t.transpose(0, 2)):
+        with pytest.raises(IndexError, match="out of range"):
+            op(G)

@@ -19,7 +19,7 @@ import math
 import torch
 
 from . import convert
-from .errors import ScorchTypeError, ScorchValueError
+from .errors import ScorchIndexError, ScorchTypeError, ScorchValueError
 from .format import Format, bsr_format, preset, resolve
 
 __all__ = ["SparseTensor"]
@@ -650,7 +650,7 @@ def _wrap_dim(d, n: int, op: str) -> int:
     if isinstance(d, bool) or not isinstance(d, int):
         raise ScorchTypeError(f"{op}: dim must be an int, got {type(d).__name__}")
     if not -n <= d < n:
-        raise ScorchValueError(f"{op}: dim {d} out of range for a {n}-d tensor (expected [{-n}, {n - 1}])")
+        raise ScorchIndexError(f"{op}: dim {d} out of range for a {n}-d tensor (expected [{-n}, {n - 1}])")
     return d % n
 
 

@@ -20,6 +20,7 @@ import torch
 from .._dispatch import as_torch_runs, broadcast_shapes, check_dense_size, densified, implements, write_out
 from ..compiler import driver
 from ..compiler.notation import Access, Op
+from ..errors import NotSupportedError
 from ..interop import from_torch, is_torch_sparse
 from ..tensor import SparseTensor
 from ._pattern import _lookup, project, same_pattern
@@ -47,6 +48,12 @@ def binary(op: str, a, b, func, args, kwargs):
         if isinstance(b, SparseTensor) or bool((b == 0).any()):
             return densified(func, args, kwargs)  # x/0 at absent entries: the result is dense
         return binary("*", a, b.reciprocal(), torch.mul, (a, b.reciprocal()), {})
+    if op == "-" and a.dtype == torch.bool and b.dtype == torch.bool:
+        raise NotSupportedError("sub: subtracting two bool tensors is not supported (as in torch); to invert a "
+                                "mask use ~ or logical_not()")
+    if op in "+*" and a.dtype == torch.bool and b.dtype == torch.bool:   # torch's bool + / *: or / and,
+        u8 = (a.to(torch.uint8), b.to(torch.uint8))                        # as 0 / 1 integers (no overflow)
+        return binary(op, *u8, func, u8, {}).bool()
     idx = _LETTERS[:len(shape)]
     ops = [x if isinstance(x, SparseTensor) else x.expand(shape) for x in (a, b)]
     if op == "*":

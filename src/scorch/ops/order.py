@@ -129,6 +129,9 @@ def _median(input, dim, keepdim, op: str, skip_nan: bool):
     if dim is None:
         flat = input.reshape(-1)
         if flat.shape[0] == 0:
+            if not input.dtype.is_floating_point:
+                raise ScorchValueError(f"{op}: the tensor has no elements (shape {tuple(input.shape)}), and "
+                                       f"{input.dtype} has no NaN")
             return torch.full((), float("nan"), dtype=input.dtype)
         return _median(flat, 0, False, op, skip_nan)[0]
     d = _dim_of(input, dim, op)
@@ -139,7 +142,7 @@ def _median(input, dim, keepdim, op: str, skip_nan: bool):
     nans = torch.zeros(fibres, dtype=_I64).index_add_(0, key, nan.long())
     count = size - nans if skip_nan else torch.full((fibres,), size, dtype=_I64)
     values, indices = _kth(input, d, torch.clamp((count + 1) // 2, min=1), entries)
-    if not skip_nan:   # a NaN anywhere in the fibre: NaN, at its first NaN
+    if not skip_nan and values.dtype.is_floating_point:   # a NaN anywhere in the fibre: NaN, at its first NaN
         first = torch.full((fibres,), size, dtype=_I64).scatter_reduce(0, key[nan], coords[d][nan], "amin")
         values = torch.where(nans > 0, torch.full((), float("nan"), dtype=values.dtype), values)
         indices = torch.where(nans > 0, first, indices)

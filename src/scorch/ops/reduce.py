@@ -23,7 +23,7 @@ import torch
 from .._dispatch import accepts_out, as_torch_runs, check_dense_size, implements
 from ..compiler import build, segments
 from ..convert import coords_of, sort_keys
-from ..errors import ScorchTypeError, ScorchValueError
+from ..errors import ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
 from .einsum import einsum
 from .shape import ravel_coords
@@ -32,15 +32,17 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 def _dims(dim, n: int, op: str) -> tuple:
-    if dim is None:
+    """``dim`` (None, an int, or a sequence: empty means every dim, as torch reads it) as sorted
+    non-negative dims."""
+    dims = () if dim is None else (dim,) if isinstance(dim, int) else tuple(dim)
+    if not dims:
         return tuple(range(n))
-    dims = (dim,) if isinstance(dim, int) else tuple(dim)
     out = []
     for d in dims:
         if isinstance(d, bool) or not isinstance(d, int):
             raise ScorchTypeError(f"{op}: dim must be an int or a tuple of ints, got {dim!r}")
         if not -n <= d < n:
-            raise ScorchValueError(f"{op}: dim {d} out of range for a {n}-d tensor (expected [{-n}, {n - 1}])")
+            raise ScorchIndexError(f"{op}: dim {d} out of range for a {n}-d tensor (expected [{-n}, {n - 1}])")
         out.append(d % n)
     if len(set(out)) != len(out):
         raise ScorchValueError(f"{op}: dim {dim!r} repeats a dimension")
@@ -76,11 +78,12 @@ def sum_(x, dim=None, keepdim=False, *, dtype=None):
         # bool / integer values: summed exactly in float64 (up to 2**53), as int64 like torch's
         wide = x.with_values(x.values().to(torch.float64))
         return sum_(wide, dim, keepdim).round().to(torch.int64 if dtype is None else dtype)
+    if dtype is not None and dtype != x.dtype:   # torch casts the input first (a float16 sum into float32)
+        return sum_(x.to(dtype), dim, keepdim)
     dims = _dims(dim, x.dim(), "sum")
     idx = _LETTERS[:x.dim()]
     out = einsum(f"{idx}->{''.join(c for d, c in enumerate(idx) if d not in dims)}", x, format="dense")
-    out = _keep(out, dims, keepdim)
-    return out if dtype is None else out.to(dtype)
+    return _keep(out, dims, keepdim)
 
 
 @implements(torch.sparse.sum, torch._sparse_sum)
@@ -119,6 +122,17 @@ def _shaped(out: torch.Tensor, x: SparseTensor, dims, keepdim: bool) -> torch.Te
     return _keep(out.reshape([s for d, s in enumerate(x.shape) if d not in dims]), dims, keepdim)
 
 
+def _identity(dtype: torch.dtype, op: str):
+    """The start of a max (``op == "amax"``) or min over values of ``dtype``: its lowest / highest
+    value (False / True for bool; an integer type has no infinity)."""
+    if dtype == torch.bool:
+        return op != "amax"
+    if dtype.is_floating_point:
+        return float("-inf") if op == "amax" else float("inf")
+    info = torch.iinfo(dtype)
+    return info.min if op == "amax" else info.max
+
+
 def _extreme(x, dim, keepdim, op: str):
     dims = _dims(dim if dim != () else None, x.dim(), op)
     key, n, fibre, vals = _fibres(x, dims)
@@ -128,7 +142,7 @@ def _extreme(x, dim, keepdim, op: str):
     if n > 4 * key.numel():  # most results are fibres with nothing stored (0): reduce the others only
         present, key = torch.unique(key, return_inverse=True)
     m = n if present is None else present.numel()
-    init = torch.full((m,), float("-inf") if op == "amax" else float("inf"), dtype=vals.dtype)
+    init = torch.full((m,), _identity(vals.dtype, op), dtype=vals.dtype)
     out = init.scatter_reduce(0, key, vals, reduce=op, include_self=True)
     stored = torch.bincount(key, minlength=m)
     # A fibre with fewer stored entries than its length holds an implicit zero.
@@ -244,7 +258,7 @@ def _norm(x: SparseTensor, ord, dim, keepdim: bool, dtype, dense_norm):
     total = sum_(size if ord == 1 else size.with_values(size.values() ** ord), dims, keepdim)
     if ord == 1:
         return total
-    positive = total > 0   # the root's gradient at 0 is infinite: zero norms stay out of the graph
+    positive = total != 0   # the root's gradient at 0 is infinite: zero norms stay out of the graph (NaN stays)
     return torch.where(positive, torch.where(positive, total, 1.0) ** (1.0 / ord), 0.0)
 
 
@@ -337,8 +351,13 @@ def any_(input, *args, **kwargs):
         return as_torch_runs(torch.any, input, *args, **kwargs)
     dims, keepdim = found
     if dims is None:
-        return (input.values() != 0).any()
-    return _keep(count_nonzero(input, dims) > 0, dims, keepdim)
+        return _as_uint8_if(input, (input.values() != 0).any())
+    return _as_uint8_if(input, _keep(count_nonzero(input, dims) > 0, dims, keepdim))
+
+
+def _as_uint8_if(input, result: torch.Tensor) -> torch.Tensor:
+    """torch's ``any`` / ``all`` of uint8 values give uint8 (of any other dtype, bool)."""
+    return result.to(torch.uint8) if input.dtype == torch.uint8 else result
 
 
 @implements(torch.all, torch.Tensor.all)
@@ -349,9 +368,9 @@ def all_(input, *args, **kwargs):
         return as_torch_runs(torch.all, input, *args, **kwargs)
     dims, keepdim = found
     if dims is None:
-        return torch.tensor(int(count_nonzero(input)) == input.numel())
+        return _as_uint8_if(input, torch.tensor(int(count_nonzero(input)) == input.numel()))
     need = math.prod(input.shape[d] for d in dims)
-    return _keep(count_nonzero(input, dims) == need, dims, keepdim)
+    return _as_uint8_if(input, _keep(count_nonzero(input, dims) == need, dims, keepdim))
 
 
 def _bool_reduce_args(op, input, args, kwargs):
@@ -507,7 +526,8 @@ def prod(input, dim=None, keepdim=False, *, dtype=None):
     out = torch.ones(groups, dtype=values_dtype).scatter_reduce(0, key, vals.to(values_dtype), reduce="prod",
                                                                 include_self=True)
     full = torch.bincount(key, minlength=groups) == fibre
-    return _shaped(torch.where(full, out, torch.zeros((), dtype=values_dtype)), input, dims, keepdim)
+    # a fibre holding an implicit zero: 0 -- NaN when its stored product is NaN or infinite, as 0 * inf
+    return _shaped(torch.where(full, out, out * 0), input, dims, keepdim)
 
 
 @implements(torch.argmax, torch.Tensor.argmax)
@@ -547,7 +567,9 @@ def _extreme_along(x: SparseTensor, dim, keepdim: bool, op: str):
     along = coords[d]
     best = values.reshape(-1)[key]
     big = torch.full((groups,), x.shape[d], dtype=torch.int64)
-    first_hit = big.scatter_reduce(0, key[vals.detach() == best], along[vals.detach() == best], "amin")
+    v = vals.detach()
+    hit = (v == best) | (v.isnan() & best.isnan())   # a NaN is the extreme: its first position
+    first_hit = big.scatter_reduce(0, key[hit], along[hit], "amin")
     # the first unstored position of each fibre: entries sorted by (fibre, position), the first
     # whose position differs from its rank in the fibre
     order = sort_keys(key * x.shape[d] + along, max(1, groups * x.shape[d]))[1]
