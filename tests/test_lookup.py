@@ -139,14 +139,18 @@ def test_writes_into_a_dense_tensor_match_dense(name, fmt):
     assert_dense_equal(got, WRITES[name](target.clone(), x))
 
 
-def test_index_add_is_differentiable_and_refuses_a_sparse_target():
+def test_index_add_is_differentiable_and_writes_into_a_sparse_target():
     x = make_dense((3, 4), 0.5, 5, torch.float64)
     A = scorch.as_sparse(x, "csr")
     v = A.values().clone().requires_grad_()
     assert torch.autograd.gradcheck(
         lambda v: torch.index_add(torch.zeros(3, 4, dtype=torch.float64), 0, torch.tensor([2, 0, 2]), A.with_values(v)), (v,))
-    with pytest.raises(NotImplementedError, match="writing into a SparseTensor"):
-        A.index_add_(0, torch.tensor([0, 1, 2]), torch.ones(3, 4, dtype=torch.float64))
+    ones = torch.ones(3, 4, dtype=torch.float64)
+    assert A.index_add_(0, torch.tensor([0, 1, 2]), ones) is A   # every position now nonzero or stored
+    assert_dense_equal(A.to_dense(), x + 1)
+    B = scorch.as_sparse(x, "csr").requires_grad_()
+    with pytest.raises(NotImplementedError, match="requires grad"):
+        B.index_add_(0, torch.tensor([0, 1, 2]), ones)
 
 
 # ================================================================ embedding lookups in a sparse table

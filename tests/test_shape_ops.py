@@ -1051,3 +1051,35 @@ def test_setitem_of_rows_columns_blocks_needs_no_dense_copy():
     assert A.nnz == 5 + n - 1 and float(A.values().sum()) == n   # (999_999, 7) was stored: a 0 before
     with pytest.raises(NotSupportedError, match="would add them to its pattern, over"):
         A[:, :] = 2.0
+
+
+def test_scatters_and_index_add_on_a_sparse_self_and_sparse_masks_as_keys(monkeypatch):
+    """Out of place, scatter / scatter_add / scatter_reduce / index_add of a SparseTensor ``self``
+    compute on its dense copy (they raised, though nothing is written into ``self``); in place,
+    the changed positions join its pattern; a sparse bool mask indexes and assigns as a dense one
+    (``A[A > 0]``).  Oracle: the same calls on the dense tensor."""
+    x = torch.tensor([[0.0, 2, 0], [-1, 0, 3]], dtype=torch.float64)
+    idx, src = torch.tensor([[0, 1, 2], [2, 0, 1]]), torch.ones(2, 3, dtype=x.dtype)
+    ops = {"scatter": lambda t: t.scatter(1, idx, src), "scatter_add": lambda t: torch.scatter_add(t, 1, idx, src),
+           "scatter_reduce": lambda t: t.scatter_reduce(1, idx, src, "amax"),
+           "index_add": lambda t: t.index_add(0, torch.tensor([1]), src[:1], alpha=2),
+           "scatter_": lambda t: t.scatter_(1, idx[:, :1], 5.0), "scatter_add_": lambda t: t.scatter_add_(1, idx, src),
+           "scatter_reduce_": lambda t: t.scatter_reduce_(1, idx, src, "sum", include_self=False),
+           "index_add_": lambda t: t.index_add_(1, torch.tensor([0, 0]), torch.ones(2, 2, dtype=x.dtype))}
+    monkeypatch.setattr(scorch.config, "dense_fallback", "silent")   # (this module raises on it)
+    for name, op in ops.items():
+        A = scorch.as_sparse(x, "csr")
+        got, want = op(A), op(x.clone())
+        if name.endswith("_"):
+            assert got is A and A.format == scorch.formats.csr
+            check(A, want)
+        else:
+            assert_dense_equal(got, want)
+            check(A, x)
+    A = scorch.as_sparse(x, "coo")
+    assert_dense_equal(A[A > 0], x[x > 0])
+    assert_dense_equal(A[:, scorch.as_sparse(x[0] != 0, "coo")].to_dense(), x[:, x[0] != 0])
+    A[A < 0] = 7.0
+    y = x.clone()
+    y[y < 0] = 7.0
+    check(A, y)

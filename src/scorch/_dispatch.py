@@ -184,8 +184,8 @@ def _in_place_pointwise(func) -> bool:
 
 
 def _writes_sparse(func, args, kwargs) -> bool:
-    schema = func._schema
-    for i, a in enumerate(schema.arguments):
+    schema = getattr(func, "_schema", None)   # (a torch-level function has none: its caller checked)
+    for i, a in enumerate(schema.arguments if schema is not None else ()):
         if a.alias_info is None or not a.alias_info.is_write:
             continue
         val = args[i] if i < len(args) else kwargs.get(a.name)

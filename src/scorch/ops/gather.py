@@ -4,7 +4,8 @@
 where none is stored).  Results are dense, as torch's; differentiable w.r.t. the stored values.
 
 Writing a SparseTensor's elements into a dense tensor: ``index_add`` from the stored entries,
-``scatter`` / ``scatter_add`` / ``scatter_reduce`` from the part of the source the index covers.
+``scatter`` / ``scatter_add`` / ``scatter_reduce`` from the part of the source the index covers;
+into a SparseTensor, in place, the changed positions join its pattern.
 ``F.embedding`` / ``F.embedding_bag`` in a SparseTensor table look up its rows the same way
 (``index_select``).
 """
@@ -13,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from .._dispatch import accepts_out, implements
+from .._dispatch import accepts_out, check_dense_size, dense_fallback, implements
 from ..errors import NotSupportedError, ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
 from .reduce import _entries
-from .shape import _dim, getitem
+from .shape import _dense_call, _dim, getitem, store_at
 
 __all__ = ["take", "gather", "take_along_dim", "masked_select", "index_add", "index_add_", "embedding", "embedding_bag"]
 
@@ -103,10 +104,21 @@ def masked_select(input, mask):
 
 # ---------------------------------------------------------------- writes from a SparseTensor into a dense tensor
 
-def _dense_target(self, op: str):
-    if isinstance(self, SparseTensor):
-        raise NotSupportedError(f"{op}: writing into a SparseTensor is not supported; use a dense target "
-                                "(x.to_dense()) or build the result with scorch ops")
+def _on_sparse_self(fn, op: str, self: SparseTensor, args, kwargs):
+    """``fn(self, *args)`` (a scatter or ``index_add``) with a SparseTensor ``self``: out of place,
+    torch's op on the dense copy (the warned dense fallback); in place (``op`` ends in ``_``), the
+    positions it changes written into ``self``, which stores the new nonzeros (as ``x[key] = v``)."""
+    if not op.endswith("_"):
+        return dense_fallback(fn, (self, *args), kwargs)
+    if torch.is_grad_enabled() and self.requires_grad:
+        raise NotSupportedError(f"{op}: writing into a SparseTensor that requires grad is not recorded by "
+                                "autograd; write under torch.no_grad(), or use the out-of-place op")
+    check_dense_size(f"{op} into a SparseTensor computes on its dense copy, and", [self])
+    before = self.to_dense()
+    after = _dense_call(fn, before.clone(), *args, **kwargs)
+    changed = (after != before) & ~(after.isnan() & before.isnan())
+    at = changed.nonzero().t()
+    store_at(self, at, after[tuple(at)], op)
     return self
 
 
@@ -127,20 +139,25 @@ def _index_add_into(self, dim, index, source, alpha, op: str):
 @implements(torch.Tensor.index_add_)
 def index_add_(self, dim, index, source, *, alpha=1):
     """A dense tensor plus a SparseTensor's slices at ``index`` (its stored entries only)."""
-    return _index_add_into(_dense_target(self, "index_add_"), dim, index, source, alpha, "index_add_")
+    if isinstance(self, SparseTensor):
+        return _on_sparse_self(torch.Tensor.index_add_, "index_add_", self, (dim, index, source), {"alpha": alpha})
+    return _index_add_into(self, dim, index, source, alpha, "index_add_")
 
 
 @implements(torch.index_add, torch.Tensor.index_add)
 @accepts_out
 def index_add(input, dim, index, source, *, alpha=1):
-    return _index_add_into(_dense_target(input, "index_add").clone(), dim, index, source, alpha, "index_add")
+    if isinstance(input, SparseTensor):
+        return _on_sparse_self(torch.index_add, "index_add", input, (dim, index, source), {"alpha": alpha})
+    return _index_add_into(input.clone(), dim, index, source, alpha, "index_add")
 
 
 def _scatter(fn, op: str):
     """``fn(self, dim, index, src, ...)`` with a sparse ``src``: the part of ``src`` that ``index``
     covers, densified (the same size as ``index``); a dense ``self``."""
     def run(self, dim, index, src=None, *args, **kwargs):
-        _dense_target(self, op)
+        if isinstance(self, SparseTensor):
+            return _on_sparse_self(fn, op, self, (dim, index, src, *args), kwargs)
         if isinstance(src, SparseTensor):
             index = _integer(index, op)
             if index.dim() != src.dim():

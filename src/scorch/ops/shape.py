@@ -445,9 +445,10 @@ def _index_dim(coords, ids, d: int, kind: str, v, size: int):
 
 def _masks_as_indices(x: SparseTensor, key):
     """A bool mask key as the integer indices of its True positions (torch's meaning): one over
-    the leading dims (``x[mask]``), or 1-d ones in a tuple without None / Ellipsis."""
+    the leading dims (``x[mask]``), or 1-d ones in a tuple without None / Ellipsis; a sparse mask
+    (``x[x > 0]``) by its stored True entries."""
     def bool_tensor(k):
-        return isinstance(k, torch.Tensor) and not isinstance(k, SparseTensor) and k.dtype == torch.bool and k.dim()
+        return isinstance(k, torch.Tensor) and k.dtype == torch.bool and k.dim()
     if bool_tensor(key):
         if tuple(key.shape) != tuple(x.shape[:key.dim()]):
             raise ScorchIndexError(f"indexing: the mask's shape {tuple(key.shape)} does not match the indexed "
