@@ -151,9 +151,15 @@ def test_auto_measures_once_per_shape(monkeypatch):
 
 
 def test_bad_mode_names_the_setting(monkeypatch):
-    monkeypatch.setattr(scorch.config, "dense_kernels", "fast")
-    with pytest.raises(ValueError, match="dense_kernels"):
-        dense.linear(torch.randn(4, 4), torch.randn(16, 4))
+    with pytest.raises(ValueError, match="dense_kernels"):   # checked when set
+        scorch.config.dense_kernels = "fast"
+    with pytest.raises(TypeError, match="auto_sparsify must be True or False, got 'yes'"):
+        scorch.config.auto_sparsify = "yes"
+    with pytest.raises(ValueError, match="parallel_min_work must be a non-negative int, got -5"):
+        scorch.config.parallel_min_work = -5
+    with pytest.raises(AttributeError, match="no setting 'dens_fallback'"):
+        scorch.config.dens_fallback = "raise"
+    assert scorch.config.dense_kernels == "auto" and scorch.config.auto_sparsify is False
 
 
 def test_jam_rows_refuses_effects_each_row_repeats():

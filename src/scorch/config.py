@@ -37,6 +37,11 @@ parallel_min_work
     ``torch.get_num_threads()`` threads.
 """
 
+import sys
+import types
+
+from .errors import ScorchTypeError, ScorchValueError
+
 dense_fallback = "warn"
 dense_fallback_max_bytes = 2 << 30
 dispatch = "auto"
@@ -46,3 +51,55 @@ parallel_min_work = 16384
 dense_kernels = "auto"
 
 _FALLBACK_CHOICES = ("warn", "silent", "raise")
+_DISPATCH_CHOICES = ("auto", "sparse", "dense")
+_KERNEL_CHOICES = ("auto", "compiled", "torch")
+
+
+def _one_of(name: str, choices: tuple):
+    def check(value):
+        if not isinstance(value, str) or value not in choices:
+            raise ScorchValueError(f"scorch.config.{name} must be one of {choices}, got {value!r}")
+    return check
+
+
+def _count(name: str, none_ok: bool):
+    def check(value):
+        if value is None and none_ok:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ScorchValueError(f"scorch.config.{name} must be a non-negative int{' or None' if none_ok else ''}, "
+                                   f"got {value!r}")
+    return check
+
+
+def _threshold(value):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1):
+        raise ScorchValueError(f"scorch.config.dense_threshold must be in [0, 1] or None, got {value!r}")
+
+
+def _flag(value):
+    if not isinstance(value, bool):
+        raise ScorchTypeError(f"scorch.config.auto_sparsify must be True or False, got {value!r}")
+
+
+_CHECKS = {"dense_fallback": _one_of("dense_fallback", _FALLBACK_CHOICES),
+           "dense_fallback_max_bytes": _count("dense_fallback_max_bytes", True),
+           "dispatch": _one_of("dispatch", _DISPATCH_CHOICES), "dense_threshold": _threshold,
+           "auto_sparsify": _flag, "parallel_min_work": _count("parallel_min_work", False),
+           "dense_kernels": _one_of("dense_kernels", _KERNEL_CHOICES)}
+
+
+class _Settings(types.ModuleType):
+    """This module, whose settings are checked when set (a bad value raised only at its first
+    use, or never: ``auto_sparsify = "yes"``); an unknown name (a typo) raises too."""
+
+    def __setattr__(self, name, value):
+        check = _CHECKS.get(name)
+        if check is None and not name.startswith("_"):
+            raise AttributeError(f"scorch.config has no setting {name!r}; the settings: {', '.join(_CHECKS)}")
+        if check is not None:
+            check(value)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Settings

@@ -71,9 +71,21 @@ def as_sparse(x, format="csr", *, index_dtype=None) -> SparseTensor:
         if x.layout == torch.strided:
             _check_blocks(fmt, x.shape)
             (pos, crd), vals = convert.from_dense(fmt, x.detach(), index_dtype)
-            return SparseTensor(fmt, x.shape, pos, crd, vals)
+            out = SparseTensor(fmt, x.shape, pos, crd, vals)
+            if _tracked(x):
+                coords = out.coo()[0]
+                out = _in_graph(out, coords, x[tuple(coords)])
+            return out
         if x.layout in _TORCH_SPARSE:
-            return _from_torch_sparse(x.detach(), fmt, index_dtype)
+            out = _from_torch_sparse(x.detach(), fmt, index_dtype)
+            if _tracked(x):   # its values reach ours through COO's (torch's conversions are differentiable)
+                coo = (x if x.layout == torch.sparse_coo else x.to_sparse_coo()).coalesce()
+                if coo.dense_dim():   # hybrid: each stored position read off the dense tensor
+                    coords = out.coo()[0]
+                    out = _in_graph(out, coords, coo.to_dense()[tuple(coords)])
+                else:
+                    out = _in_graph(out, coo.indices(), coo.values())
+            return out
         raise ScorchTypeError(f"as_sparse: unsupported tensor layout {x.layout}")
     if _is_scipy_sparse(x):
         return _from_scipy(x, format, index_dtype)
@@ -123,7 +135,8 @@ def from_coo(indices, values, shape=None, format="coo", *, index_dtype=None) -> 
     idx = _index_tensor(indices, "indices")
     if idx.dim() != 2:
         raise ScorchValueError(f"from_coo: indices must be 2-d (ndim x nnz), got shape {tuple(idx.shape)}")
-    vals = values if isinstance(values, torch.Tensor) else torch.as_tensor(np.asarray(values))
+    vals = values if isinstance(values, torch.Tensor) else torch.from_numpy(values) if isinstance(values, np.ndarray) \
+        else torch.as_tensor(values)   # Python numbers: torch's default dtype, as sparse_coo_tensor's
     if vals.dim() == 0:
         vals = vals.expand(idx.shape[1])
     if vals.dim() != 1:
@@ -143,7 +156,24 @@ def from_coo(indices, values, shape=None, format="coo", *, index_dtype=None) -> 
     fmt = resolve(format, len(shape))
     _check_blocks(fmt, shape)
     (pos, crd), out = convert.build(fmt, shape, idx.to(torch.int64), vals.detach().contiguous(), index_dtype)
-    return SparseTensor(fmt, shape, pos, crd, out)
+    result = SparseTensor(fmt, shape, pos, crd, out)
+    return _in_graph(result, idx, vals) if _tracked(vals) else result
+
+
+def _tracked(x: torch.Tensor) -> bool:
+    return x.requires_grad and torch.is_grad_enabled()
+
+
+def _in_graph(A: SparseTensor, coords: torch.Tensor, values: torch.Tensor) -> SparseTensor:
+    """``A`` (built from ``values`` detached) holding ``values`` -- which require grad -- summed
+    into the stored position of each coordinate, so that gradients reach them (as torch's
+    ``to_sparse`` and ``sparse_coo_tensor`` keep the graph)."""
+    from .ops._pattern import _lookup
+    numbered = A._like(values=torch.arange(1, A._values.numel() + 1, dtype=torch.float64), nnz=A._stored)
+    at = _lookup(numbered, coords.to(torch.int64)).long() - 1
+    kept = at >= 0   # (a conversion that dropped an explicit zero)
+    vals = torch.zeros(A._values.numel(), dtype=A.dtype).index_add(0, at[kept], values[kept].to(A.dtype))
+    return A.with_values(vals)
 
 
 # ---------------------------------------------------------------- validation

@@ -278,6 +278,9 @@ class SparseTensor(torch.Tensor):
 
         ``index_dtype=None`` keeps the current index width when it can hold the result."""
         fmt = resolve(format, self.dim())
+        if fmt.block and any(s % b for s, b in zip(self._shape, fmt.block)):
+            raise ScorchValueError(f"asformat: format {fmt}: block size {fmt.block} does not divide shape "
+                                   f"{tuple(self._shape)}")
         want = index_dtype if index_dtype is not None else self.index_dtype
         if fmt == self._format:
             if want == self.index_dtype:
@@ -325,8 +328,12 @@ class SparseTensor(torch.Tensor):
         sorting: to the CSR-like form of its own order (COO -> CSR by counting rows, DCSR -> CSR
         by expanding the outer level), the counting sort (compiler.recompress) where the order
         changes, then to ``fmt`` (compressing the outer level, or each entry's row for COO).
-        None where that does not run (no C compiler, an index width the sort would not keep)."""
+        None where that does not run (no C compiler, an index width the sort would not keep), or
+        where its CSR-like forms would be far larger than the entries (a hypersparse matrix: the
+        caller's sort by coordinates is O(nnz) in memory)."""
         x = self
+        if max(x._shape) > 4 * x._stored + 65536:
+            return None
         if x._format == _COO2:
             (pos, crd), vals = convert.coo_to_csr(x._shape, x._pos, x._crd, x._values, want)
             x = SparseTensor(_CSR2, x._shape, pos, crd, vals, nnz=x._stored)

@@ -104,7 +104,9 @@ def _compute_dtype(ops, ein=None):
         return dt, dt
     if ein is not None and dt != torch.bool and not dt.is_floating_point and not dt.is_complex:
         if _integer_bound(ops, ein) <= 2 ** 53:
-            return dt, torch.float64
+            # torch sums an index only one operand has (and the output lacks) first: int64, as sum's
+            private = any(c not in ein.output and sum(c in u for u in ein.inputs) == 1 for t in ein.inputs for c in t)
+            return (torch.int64 if private else dt), torch.float64
         raise NotSupportedError(
             f"einsum: integer values ({dt}) whose sums of products could pass 2^53 (max |value| of each "
             f"operand, plus one, times the terms summed): not computed exactly here; convert to float64 (x.double())")
@@ -253,6 +255,8 @@ def explain(equation: str, *operands, format=None) -> Plan:
         out = "dcsr" if any(c in present for c in ein.output[:-1]) else "csr"
         plan = dataclasses.replace(plan, notes=plan.notes + (compact.note(wide, present, ein),),
                                    output_format=f"sparse, {out} assembled over the coordinates present")
+    if format not in (None, "dense") and f", {format}" not in plan.output_format:   # _finish converts the result
+        plan = dataclasses.replace(plan, output_format=f"{plan.output_format}; then converted to {format} (format=)")
     if not build.have_compiler():
         plan = Plan(plan.equation, plan.loop_order, plan.output_format, plan.parallel,
                     plan.notes + ("no C compiler found: runs torch.einsum on dense operands",),

@@ -11,6 +11,7 @@ dims).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -19,7 +20,7 @@ from .._dispatch import implements
 from ..compiler import driver
 from ..compiler.notation import parse, permutation
 from ..errors import NotSupportedError, ScorchValueError
-from ..interop import is_torch_sparse
+from ..interop import is_sparse, is_torch_sparse
 from ..tensor import SparseTensor
 from ._pattern import project
 
@@ -27,6 +28,8 @@ from ._pattern import project
 def einsum(equation: str, *operands, format=None):
     """Einstein summation with sparse operands; differentiable w.r.t. dense operands and
     the values of sparse ones.  See :func:`scorch.compiler.einsum` for the result format.
+    Without a sparse operand (and without ``format=`` or ``config.auto_sparsify``) it is
+    ``torch.einsum`` itself, any form torch takes (sublists, any device).
 
     >>> import torch, scorch
     >>> A = scorch.as_sparse(torch.eye(2), "csr").requires_grad_()
@@ -34,8 +37,14 @@ def einsum(equation: str, *operands, format=None):
     >>> A.grad.to_dense().tolist()
     [[3.0, 0.0], [0.0, 3.0]]
     """
+    if not isinstance(equation, str):   # torch's sublist form: torch makes the equation, then dispatches
+        if format is not None:
+            raise ScorchValueError("einsum: format= needs the equation-string form, not sublists")
+        return torch.einsum(equation, *operands)
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
+    if format is None and not config.auto_sparsify and not any(map(is_sparse, operands)):
+        return torch.einsum(equation, *operands)
     return _einsum(equation, operands, format, ())
 
 
@@ -51,7 +60,8 @@ def _einsum(equation: str, operands, format, init):
     key = driver._signature(equation, format, operands, init)  # once per call: dispatch and kernel caches
     if _dense_path(equation, operands, format, key):
         dense = [x.to_dense() if isinstance(x, SparseTensor) else x for x in driver._operands(operands)]
-        out = torch.einsum(equation, *dense)
+        common = functools.reduce(torch.promote_types, [x.dtype for x in dense])
+        out = torch.einsum(equation, *[x.to(common) for x in dense])   # (scorch's kernels promote: so here)
         return out + sum(init) if init else out
     tensors = operands + init
     if torch.is_grad_enabled() and _any_requires_grad(tensors):
@@ -185,6 +195,7 @@ def explain(equation: str, *operands, format=None):
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     operands = runtime.maybe_sparsify(operands)
+    equation, operands = _diagonals(equation, tuple(operands))   # as einsum runs it: diagonals first
     plan = driver.explain(equation, *operands, format=format)
     d = decision(equation, operands, format)
     return dataclasses.replace(plan, dispatch=f"{d.path} ({d.reason})")

@@ -42,8 +42,8 @@ def _equation(na: int, nb: int) -> str:
 
 @implements(torch.matmul, torch.Tensor.matmul)
 @accepts_out
-def matmul(a, b):
-    """``a @ b`` with torch's rules (1-d promotion, batch broadcasting); sparse operands
+def matmul(input, other):
+    """``input @ other`` with torch's rules (1-d promotion, batch broadcasting); sparse operands
     run compiled kernels: SpMV, SpMM, batched SpMM, SpGEMM.
 
     >>> import torch, scorch
@@ -51,9 +51,9 @@ def matmul(a, b):
     >>> (A @ torch.ones(2, 3)).shape
     torch.Size([2, 3])
     """
-    if not (is_sparse(a) or is_sparse(b)):
-        return torch.matmul(a, b)
-    return einsum(_equation(_ndim(a), _ndim(b)), a, b)
+    if not (is_sparse(input) or is_sparse(other)):
+        return torch.matmul(input, other)
+    return einsum(_equation(_ndim(input), _ndim(other)), input, other)
 
 
 def _ndim(x) -> int:
@@ -71,33 +71,42 @@ def _rmatmul(a, b):
 
 @implements(torch.mm, torch.Tensor.mm)
 @accepts_out
-def mm(a, b):
-    if a.dim() != 2 or b.dim() != 2:
-        raise ScorchValueError(f"mm: expects 2-d operands, got {a.dim()}-d and {b.dim()}-d")
-    return matmul(a, b)
+def mm(input, mat2):
+    if input.dim() != 2 or mat2.dim() != 2:
+        raise ScorchValueError(f"mm: expects 2-d operands, got {input.dim()}-d and {mat2.dim()}-d")
+    return matmul(input, mat2)
 
 
 @implements(torch.bmm, torch.Tensor.bmm)
 @accepts_out
-def bmm(a, b):
-    if a.dim() != 3 or b.dim() != 3:
-        raise ScorchValueError(f"bmm: expects 3-d operands, got {a.dim()}-d and {b.dim()}-d")
-    return matmul(a, b)
+def bmm(input, mat2):
+    if input.dim() != 3 or mat2.dim() != 3:
+        raise ScorchValueError(f"bmm: expects 3-d operands, got {input.dim()}-d and {mat2.dim()}-d")
+    return matmul(input, mat2)
 
 
 @implements(torch.mv, torch.Tensor.mv)
 @accepts_out
-def mv(a, v):
-    """``a @ v`` for a 2-d ``a`` and a 1-d ``v`` (SpMV when ``a`` is sparse)."""
-    if a.dim() != 2 or v.dim() != 1:
-        raise ScorchValueError(f"mv: expects a 2-d matrix and a 1-d vector, got {a.dim()}-d and {v.dim()}-d")
-    return matmul(a, v)
+def mv(input, vec):
+    """``input @ vec`` for a 2-d ``input`` and a 1-d ``vec`` (SpMV when ``input`` is sparse)."""
+    if input.dim() != 2 or vec.dim() != 1:
+        raise ScorchValueError(f"mv: expects a 2-d matrix and a 1-d vector, got {input.dim()}-d and {vec.dim()}-d")
+    return matmul(input, vec)
 
 
-@implements(torch.dot, torch.Tensor.dot, torch.inner, torch.Tensor.inner)
+@implements(torch.dot, torch.Tensor.dot)
+@accepts_out
+def dot(input, tensor):
+    """``torch.dot``: two 1-d tensors of one size."""
+    if input.dim() != 1 or tensor.dim() != 1:
+        raise ScorchValueError(f"dot: expects two 1-d tensors, got {input.dim()}-d and {tensor.dim()}-d")
+    return inner.__wrapped__(input, tensor)
+
+
+@implements(torch.inner, torch.Tensor.inner)
 @accepts_out
 def inner(a, b):
-    """``torch.inner`` (``dot`` for two 1-d operands): the last dims contracted."""
+    """``torch.inner``: the last dims contracted."""
     if a.dim() == 0 or b.dim() == 0:
         return a * b
     if a.shape[-1] != b.shape[-1]:
@@ -131,7 +140,7 @@ def _scaled_product(name, equation, names, ranks, what):
         a, b = factors
         if (a.dim(), b.dim()) != ranks:
             raise ScorchValueError(f"{name}: expects {what}, got {a.dim()}-d and {b.dim()}-d")
-        return _scaled_sum(equation, input, a, b, beta, alpha)
+        return _scaled_sum(name, equation, input, a, b, beta, alpha)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"``torch.{name}``: ``beta * input + alpha * einsum({equation!r}, {names[0]}, {names[1]})``."
     return op
@@ -168,19 +177,21 @@ for _name, _op in _SCALED.items():
     implements(getattr(torch.Tensor, _name + "_"))(_written_into_self(_name + "_", _op))
 
 
-def _scaled_sum(equation, input, a, b, beta, alpha):
-    """``beta * input + alpha * einsum(equation, a, b)``, torch's addmm rules: with ``beta == 0``
-    ``input`` is ignored (NaNs too) but still broadcasts; a dense ``input`` with both factors 1
-    starts the kernel's accumulators."""
+def _scaled_sum(name, equation, input, a, b, beta, alpha):
+    """``beta * input + alpha * einsum(equation, a, b)``, torch's addmm rules: ``input`` broadcasts
+    to the product's shape; with ``beta == 0`` it is ignored (NaNs too); a dense ``input`` with
+    both factors 1 starts the kernel's accumulators."""
     if beta == 1 and alpha == 1 and isinstance(input, torch.Tensor) and not is_sparse(input) \
             and (is_sparse(a) or is_sparse(b)):
         return einsum_add(equation, (a, b), (input,))  # input starts the accumulators
     prod = einsum(equation, a, b) if (is_sparse(a) or is_sparse(b)) else torch.einsum(equation, a, b)
+    if broadcast_shapes(input.shape, prod.shape) != tuple(prod.shape):
+        raise ScorchValueError(f"{name}: input of shape {tuple(input.shape)} does not broadcast to the product's "
+                               f"shape {tuple(prod.shape)}")
     if alpha != 1:
         prod = prod * alpha
     if beta == 0:
-        shape = broadcast_shapes(input.shape, prod.shape)
-        return prod if tuple(prod.shape) == tuple(shape) else prod.expand(shape)
+        return prod
     return (input if beta == 1 else input * beta) + prod
 
 

@@ -1,0 +1,137 @@
+"""Where scorch meets torch's contract -- argument forms, result dtypes, checks and autograd at the
+torch.sparse boundary -- each case once found wrong by a sweep against dense torch.  Oracle: the
+same call on dense tensors (or torch.sparse ones) with plain torch."""
+
+import warnings
+
+import pytest
+import torch
+
+import scorch
+from scorch.compiler import build
+
+pytestmark = pytest.mark.skipif(not build.have_compiler(), reason="no C compiler")
+
+
+def test_a_block_format_that_does_not_divide_the_shape_is_refused_on_every_route():
+    """asformat, a torch CSR and to_sparse_bsr built a BSR whose blocks ran past the shape: every
+    later result silently wrong."""
+    d = torch.arange(1.0, 10.0).reshape(3, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # torch: "sparse CSR support is in beta"
+        routes = [lambda: scorch.as_sparse(d, "csr").asformat(scorch.formats.bsr(2, 2)),
+                  lambda: scorch.as_sparse(d.to_sparse_csr(), scorch.formats.bsr(2, 2)),
+                  lambda: scorch.as_sparse(d, "csr").to_sparse_bsr((2, 2)),
+                  lambda: scorch.as_sparse(torch.zeros(1, 1), "coo").asformat(scorch.formats.bsc(2, 2))]
+        for route in routes:
+            with pytest.raises(ValueError, match=r"block size \(2, 2\) does not divide shape"):
+                route()
+    B = scorch.as_sparse(torch.arange(16.0).reshape(4, 4), "csr").asformat(scorch.formats.bsr(2, 2))
+    torch.testing.assert_close(B @ torch.ones(4, 1), torch.arange(16.0).reshape(4, 4) @ torch.ones(4, 1))
+
+
+@pytest.mark.parametrize("make", ["coo", "uncoalesced", "csr", "dense", "from_coo"])
+def test_sparse_inputs_that_require_grad_stay_in_the_graph(make):
+    """A torch.sparse operand, a dense tensor given to as_sparse, values given to from_coo: when
+    they require grad, gradients reach them (they were detached silently)."""
+    x = torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=torch.float64)
+    W = torch.arange(6.0, dtype=torch.float64).reshape(2, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if make == "from_coo":
+            leaf = torch.tensor([1.0, 0.5, 1.5], dtype=torch.float64, requires_grad=True)
+            A = scorch.from_coo([[0, 0, 1], [0, 0, 1]], leaf, (2, 2), format="csr")
+            ref_leaf = leaf.detach().clone().requires_grad_()
+            ref = torch.sparse_coo_tensor([[0, 0, 1], [0, 0, 1]], ref_leaf, (2, 2)).to_dense()
+        else:
+            build_ = {"coo": lambda t: t.to_sparse(), "csr": lambda t: t.to_sparse_csr(), "dense": lambda t: t,
+                      "uncoalesced": lambda t: torch.sparse_coo_tensor([[0, 0, 1], [0, 0, 1]],
+                                                                       torch.tensor([0.25, 0.75, 2.0], dtype=t.dtype),
+                                                                       (2, 2))}[make]
+            leaf, ref_leaf = build_(x).requires_grad_(), build_(x).requires_grad_()
+            A = leaf if make != "dense" else scorch.as_sparse(leaf, "ell")
+            ref = ref_leaf.to_dense()
+        out = scorch.einsum("ij,jk->ik", A, W)
+        assert out.requires_grad
+        (out * W).sum().backward()
+        (ref @ W * W).sum().backward()
+    torch.testing.assert_close(leaf.grad.to_dense(), ref_leaf.grad.to_dense())
+
+
+def test_dtypes_follow_torch_on_every_path():
+    """Mixed float dtypes promote on the dense path as on the kernels (it raised, or multiplied in
+    float32); an integer einsum summing an index only one operand has gives int64, as torch's
+    (and scorch's own A.sum); from_coo of Python floats gives torch's default dtype."""
+    A = scorch.as_sparse(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), "csr")   # density 1: the dense path
+    X = torch.rand(2, 2, dtype=torch.float64)
+    for mode in ("auto", "sparse", "dense"):
+        saved, scorch.config.dispatch = scorch.config.dispatch, mode
+        try:
+            got = A @ X
+            assert got.dtype == torch.float64
+            torch.testing.assert_close(got, A.to_dense().double() @ X)
+        finally:
+            scorch.config.dispatch = saved
+    d = torch.tensor([[1, 0, 2], [0, 3, 0]], dtype=torch.int32)
+    D = scorch.as_sparse(d, "csr")
+    for eq, ops in [("ij->i", (d,)), ("ij->", (d,)), ("ij,j->i", (d, d[0])), ("ij,k->i", (d, d[:, 0])),
+                    ("ij,ij->i", (d, d))]:
+        got = scorch.einsum(eq, D, *ops[1:])
+        want = torch.einsum(eq, *ops)
+        assert got.dtype == want.dtype and torch.equal(got, want), eq
+    assert scorch.from_coo([[0, 1], [1, 0]], [1.0, 2.0]).dtype == torch.float32
+    assert scorch.from_coo([[0, 1], [1, 0]], [1, 2]).dtype == torch.int64
+
+
+def test_checks_torch_makes():
+    """dot of 2-d operands raises (it computed inner); addmm's input must broadcast to the
+    product whatever beta is (it broadcast the other way)."""
+    a = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    A = scorch.as_sparse(a, "csr")
+    with pytest.raises(ValueError, match="dot: expects two 1-d tensors, got 2-d and 2-d"):
+        torch.dot(A, a)
+    with pytest.raises(ValueError, match="dot: expects two 1-d tensors"):
+        A.dot(a)
+    assert torch.dot(scorch.as_sparse(a[0]), a[1]) == torch.dot(a[0], a[1])
+    for beta in (0, 0.5, 1):
+        with pytest.raises(ValueError, match=r"does not broadcast to the (product's|result's) shape"):
+            torch.addmm(torch.ones(4, 2, 3), A, torch.ones(2, 3), beta=beta)
+    with pytest.raises(ValueError, match=r"addmv: input of shape \(2, 2\) does not broadcast"):
+        torch.addmv(torch.ones(2, 2), A, torch.ones(2), beta=2)
+    torch.testing.assert_close(torch.addmm(torch.ones(3), A, torch.ones(2, 3), beta=0.5),
+                               torch.addmm(torch.ones(3), a, torch.ones(2, 3), beta=0.5))
+
+
+def test_einsum_and_matmul_are_drop_in_for_dense_calls():
+    """With ``import scorch as torch``: torch's sublist form (dense or sparse operands), tensors on
+    another device with no sparse operand, and torch's keyword names all work as in torch."""
+    a, x = torch.rand(2, 2), torch.rand(2, 3)
+    A = scorch.as_sparse(a, "csr")
+    torch.testing.assert_close(scorch.einsum(a, [0, 1], x, [1, 2], [0, 2]), a @ x)
+    torch.testing.assert_close(scorch.einsum(A, [0, 1], x, [1, 2], [0, 2]), a @ x)
+    assert scorch.einsum("ij,jk->ik", a.to("meta"), x.to("meta")).shape == (2, 3)
+    torch.testing.assert_close(scorch.matmul(input=A, other=x), a @ x)
+    torch.testing.assert_close(torch.mm(input=A, mat2=x), a @ x)
+    torch.testing.assert_close(torch.mv(input=A, vec=x[:, 0]), a @ x[:, 0])
+
+
+def test_explain_shows_what_einsum_runs():
+    """explain takes the diagonals einsum takes (it refused ``"ii->i"``), and says when format=
+    converts the kernel's result."""
+    A = scorch.as_sparse(torch.eye(3) * 2, "csr")
+    assert scorch.explain("ii->i", A).loop_order == ("i",)
+    torch.testing.assert_close(scorch.einsum("ii->i", A).to_dense(), torch.full((3,), 2.0))
+    assert scorch.explain("ij,jk->ik", A, torch.ones(3, 2), format="csr").output_format.endswith(
+        "then converted to csr (format=)")
+
+
+def test_hypersparse_conversions_take_memory_of_the_entries():
+    """A (2^33 x 4) matrix of 3 entries converts to COO / DCSC / CSC and multiplies by its
+    transpose without an array over its 2^33 rows (they tried to allocate 64 GB)."""
+    n = 2 ** 33
+    rows, cols, vals = [0, 5, n - 1], [1, 2, 3], [1.0, 2.0, 3.0]
+    A = scorch.from_coo([rows, cols], vals, (n, 4), format="dcsr")
+    for fmt in ("coo", "dcsc", "csc"):
+        coords, values = A.asformat(fmt).coo()
+        assert coords.tolist() == [rows, cols] and values.tolist() == vals
+    torch.testing.assert_close((A.T @ A).to_dense(), torch.diag(torch.tensor([0.0, 1.0, 4.0, 9.0])))
