@@ -6,7 +6,7 @@ import importlib
 import pytest
 
 MODULES = ["scorch", "scorch.tensor", "scorch.interop", "scorch.format", "scorch.formats", "scorch.ops.einsum",
-           "scorch.ops.linalg", "scorch.compiler.driver", "scorch.sparsify"]
+           "scorch.ops.linalg", "scorch.compiler.driver", "scorch.sparsify", "scorch.schedule"]
 
 
 @pytest.mark.parametrize("name", MODULES)

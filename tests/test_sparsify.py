@@ -125,7 +125,7 @@ def test_sparsity_builder_keeps_tied_weights_tied_and_checks_names():
     torch.testing.assert_close(sparse[0].weight.to_dense(), emb.weight.detach() * (emb.weight.abs() >= 0.5))
     with pytest.raises(ValueError, match=r"no parameter '1.wieght'; did you mean '1.weight'"):
         sb.set_weight("1.wieght")
-    with pytest.raises(TypeError, match="initial_sparsifier must be a scorch.sparsify Sparsifier"):
+    with pytest.raises(TypeError, match="the sparsifier must be a scorch.sparsify Sparsifier"):
         sb.set_weight("0.weight", initial_sparsifier=0.9)
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         SparsityBuilder(emb.weight)

@@ -21,6 +21,7 @@ from . import _dispatch  # noqa: F401  (registers the dispatch table)
 from .ops import einsum, explain, matmul, rearrange
 from . import nn  # noqa: E402
 from . import sparsify  # noqa: E402
+from . import schedule  # noqa: E402
 
 _alias.install()
 
@@ -36,7 +37,7 @@ del _name, _obj
 
 __all__ = [
     "SparseTensor", "Format", "Level", "dense", "compressed", "singleton", "padded", "formats",
-    "as_sparse", "from_coo", "is_sparse", "einsum", "explain", "matmul", "rearrange", "config", "nn", "sparsify",
+    "as_sparse", "from_coo", "is_sparse", "einsum", "explain", "matmul", "rearrange", "config", "nn", "sparsify", "schedule",
     "ScorchError", "ScorchValueError", "ScorchTypeError", "NotSupportedError", "InternalError",
     "__version__",
 ]

@@ -47,7 +47,7 @@ def _dense(name: str, tensor) -> torch.Tensor:
         tensor = tensor.to_dense()
     if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
         raise ScorchTypeError(f"{name}: expects a dense torch.Tensor (or a SparseTensor), got {type(tensor).__name__}")
-    return tensor.detach()
+    return tensor
 
 
 def _smallest(scores: torch.Tensor, fraction: float) -> torch.Tensor:
@@ -62,14 +62,16 @@ def _smallest(scores: torch.Tensor, fraction: float) -> torch.Tensor:
 
 class Sparsifier:
     """Chooses the entries of a dense tensor to keep; ``sparsifier(w, format)`` stores exactly
-    those (an exact zero among them stays stored) as a SparseTensor in ``format``."""
+    those (an exact zero among them stays stored) as a SparseTensor in ``format`` -- in the
+    autograd graph when ``w`` requires grad (a sparsified activation passes gradients back at the
+    kept entries)."""
 
     def mask(self, tensor: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def __call__(self, tensor, format="csr") -> SparseTensor:
         w = _dense(type(self).__name__, tensor)
-        keep = self.mask(w)
+        keep = self.mask(w.detach())
         return from_coo(keep.nonzero().t(), w[keep], tuple(w.shape), format=format)
 
     def __repr__(self) -> str:
@@ -183,6 +185,7 @@ class SparsityBuilder:
             raise ScorchTypeError(f"SparsityBuilder: model must be a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self._weights: dict = {}
+        self._interms: dict = {}
 
     def set_weight(self, name: str, initial_sparsifier: Sparsifier | None = None, out_format="csr") -> None:
         """Make parameter ``name`` (as ``model.named_parameters()`` spells it) sparse: the entries
@@ -193,16 +196,23 @@ class SparsityBuilder:
             close = difflib.get_close_matches(str(name), list(params), n=3)
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
             raise ScorchValueError(f"SparsityBuilder.set_weight: the model has no parameter {name!r}{hint}")
-        sparsifier = KeepAll() if initial_sparsifier is None else initial_sparsifier
-        if not isinstance(sparsifier, Sparsifier):
-            raise ScorchTypeError(f"SparsityBuilder.set_weight: initial_sparsifier must be a scorch.sparsify "
-                                  f"Sparsifier, got {type(sparsifier).__name__}")
-        if not isinstance(out_format, (str, Format)):
-            raise ScorchTypeError(f"SparsityBuilder.set_weight: out_format must be a format name or a "
-                                  f"scorch.Format, got {type(out_format).__name__}")
+        sparsifier = _checked("set_weight", KeepAll() if initial_sparsifier is None else initial_sparsifier,
+                              out_format)
         if isinstance(params[name], SparseTensor):
             raise ScorchValueError(f"SparsityBuilder.set_weight: parameter {name!r} is sparse already")
         self._weights[name] = (sparsifier, out_format)
+
+    def set_interm(self, name: str, sparsifier: Sparsifier, out_format="csr") -> None:
+        """Make the output of submodule ``name`` (as ``model.named_modules()`` spells it) sparse on
+        every forward: the entries ``sparsifier`` keeps of that call's output, in ``out_format``
+        (a name adapts to the output's dims) -- dynamic sparsity; gradients pass back at the kept
+        entries.  The next modules take the SparseTensor (scorch's ops)."""
+        modules = dict(self.model.named_modules())
+        if name not in modules or name == "":
+            close = difflib.get_close_matches(str(name), [m for m in modules if m], n=3)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise ScorchValueError(f"SparsityBuilder.set_interm: the model has no submodule {name!r}{hint}")
+        self._interms[name] = (_checked("set_interm", sparsifier, out_format), out_format)
 
     def get_sparse_model(self) -> nn.Module:
         """A deep copy of the model with every parameter named in :meth:`set_weight` sparse."""
@@ -222,5 +232,31 @@ class SparsityBuilder:
                 setattr(module, attr, new)
             for key in [k for k, p in params.items() if p is old]:
                 params[key] = new
+        for name, (sparsifier, fmt) in self._interms.items():
+            model.get_submodule(name).register_forward_hook(_SparsifyOutput(name, sparsifier, fmt))
         return model
+
+
+def _checked(method: str, sparsifier, out_format) -> Sparsifier:
+    if not isinstance(sparsifier, Sparsifier):
+        raise ScorchTypeError(f"SparsityBuilder.{method}: the sparsifier must be a scorch.sparsify Sparsifier, got "
+                              f"{type(sparsifier).__name__}")
+    if not isinstance(out_format, (str, Format)):
+        raise ScorchTypeError(f"SparsityBuilder.{method}: out_format must be a format name or a scorch.Format, got "
+                              f"{type(out_format).__name__}")
+    return sparsifier
+
+
+class _SparsifyOutput:
+    """A forward hook: the module's output as ``sparsifier`` keeps it (a class, so that the sparse
+    model deep-copies and pickles)."""
+
+    def __init__(self, name: str, sparsifier: Sparsifier, fmt):
+        self.name, self.sparsifier, self.fmt = name, sparsifier, fmt
+
+    def __call__(self, module, inputs, output):
+        if not isinstance(output, torch.Tensor):
+            raise ScorchTypeError(f"set_interm: submodule {self.name!r} returned {type(output).__name__}; only a "
+                                  "tensor output can be sparsified")
+        return self.sparsifier(output, self.fmt)
 
