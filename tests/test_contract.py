@@ -135,3 +135,16 @@ def test_hypersparse_conversions_take_memory_of_the_entries():
         coords, values = A.asformat(fmt).coo()
         assert coords.tolist() == [rows, cols] and values.tolist() == vals
     torch.testing.assert_close((A.T @ A).to_dense(), torch.diag(torch.tensor([0.0, 1.0, 4.0, 9.0])))
+
+
+@pytest.mark.parametrize("eq,shape", [("...ii->...i", (2, 3, 3)), ("i...i->...", (3, 2, 3)), ("...ii", (2, 3, 3)),
+                                      ("b...ii,b->b...", (2, 3, 3))])
+def test_a_repeated_index_beside_an_ellipsis(eq, shape):
+    """A term holding ``...`` and a repeated index takes the diagonal like any other (it was refused,
+    naming internal letters)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=g) * (torch.rand(shape, generator=g) < 0.6)
+    ops = (x,) if "," not in eq else (x, torch.randn(shape[0], generator=g))
+    got = scorch.einsum(eq, scorch.as_sparse(x, "csf"), *ops[1:])
+    got = got.to_dense() if isinstance(got, scorch.SparseTensor) else got
+    torch.testing.assert_close(got, torch.einsum(eq, *ops))

@@ -83,6 +83,9 @@ def _diagonals(equation: str, operands: tuple):
         if len(_REPEATS) < 4096:
             _REPEATS[equation] = found
     repeats, rewritten = found
+    if repeats == "ellipsis":   # a term with ... repeats an index: spell the ... out for these shapes, then on
+        ein = parse(equation, [tuple(x.shape) for x in operands])
+        return _diagonals(",".join(ein.inputs) + "->" + ein.output, operands)
     if not repeats or len(operands) != rewritten.partition("->")[0].count(",") + 1:
         return equation, operands   # nothing repeated, or a miscount parse() will report
     ops = list(operands)
@@ -101,6 +104,8 @@ def _repeats(equation: str):
     repeats = []
     for k, t in enumerate(terms):
         uniq = "".join(dict.fromkeys(t))
+        if "." in t and len(set(t.replace(".", ""))) < len(t.replace(".", "")):
+            return "ellipsis", equation
         if "." not in t and uniq != t:
             repeats.append((k, t, uniq))
             terms[k] = uniq
