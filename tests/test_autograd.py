@@ -288,3 +288,32 @@ def test_matrix_norm_needing_the_dense_tensor_respects_the_limit(monkeypatch):
     with pytest.raises(NotImplementedError, match="norm: this case needs the dense tensor"):
         torch.linalg.norm(A, "nuc")
     assert A.norm(dim=1).shape == (6,)   # entrywise norms never densify
+
+
+def test_double_backward_through_sparse_products():
+    """A backward with create_graph=True runs differentiable einsums, so Hessians / HVPs and
+    gradient penalties are right (the gradient came back detached: a Hessian of zeros); a
+    convolution with a sparse weight refuses a double backward.  Oracles: gradgradcheck's finite
+    differences, the dense Hessian."""
+    D = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]], dtype=torch.float64)
+    A = scorch.as_sparse(D, "csr")
+    x = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.functional.hessian(lambda v: (A @ v).pow(3).sum(), x),
+                               torch.autograd.functional.hessian(lambda v: (D @ v).pow(3).sum(), x))
+    v = A.values().clone().requires_grad_()
+    g = torch.Generator().manual_seed(0)
+    X, Q, K = (torch.randn(*s, dtype=torch.float64, generator=g).requires_grad_() for s in ((3, 2), (2, 4), (3, 4)))
+    B = scorch.as_sparse(torch.tensor([[0.0, 1.0], [2.0, 0.0], [0.0, 3.0]], dtype=torch.float64), "coo")
+    w = B.values().clone().requires_grad_()
+    cases = [(lambda v, X: scorch.einsum("ij,jk->ik", A.with_values(v), X) ** 2, (v, X)),
+             (lambda v, Q, K: scorch.einsum("ij,ik,jk->ij", A.with_values(v), Q, K).values() ** 2, (v, Q, K)),
+             (lambda v: (A.with_values(v) * A.with_values(2 * v)).to_dense() ** 2, (v,)),
+             (lambda v: torch.relu(A.with_values(v)).to_dense() ** 2, (v,)),
+             (lambda v, w: (A.with_values(v) + B.t().with_values(w)).to_dense() ** 3, (v, w))]
+    for f, inputs in cases:
+        assert torch.autograd.gradgradcheck(f, inputs)
+    weight = scorch.as_sparse(torch.randn(2, 1, 3, dtype=torch.float64), "csf").requires_grad_()
+    inp = torch.randn(1, 1, 5, dtype=torch.float64, requires_grad=True)
+    (gx,) = torch.autograd.grad(torch.nn.functional.conv1d(inp, weight).pow(2).sum(), inp, create_graph=True)
+    with pytest.raises(RuntimeError, match="marked with @once_differentiable"):
+        gx.sum().backward()

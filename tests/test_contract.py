@@ -148,3 +148,55 @@ def test_a_repeated_index_beside_an_ellipsis(eq, shape):
     got = scorch.einsum(eq, scorch.as_sparse(x, "csf"), *ops[1:])
     got = got.to_dense() if isinstance(got, scorch.SparseTensor) else got
     torch.testing.assert_close(got, torch.einsum(eq, *ops))
+
+
+def test_copies_into_aliases_reach_the_tensor_and_unset_tensors_fill_whole():
+    """``p.detach().copy_(q)`` / ``p.data.copy_(q)`` write through (they wrote into a temporary:
+    AveragedModel / EMA kept stale weights); a random
+    fill of ``new_empty`` fills it (spectral_norm's vector stayed zeros); spectral_norm and
+    GradScaler run on a sparse weight as on the dense one."""
+    x = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]])
+    W = scorch.as_sparse(x, "csr")
+    W.detach().copy_(x * 7)
+    assert torch.equal(W.to_dense(), x * 7)
+    W.data.copy_(x)
+    assert torch.equal(W.to_dense(), x)
+    lin = torch.nn.Linear(3, 2)
+    lin.weight = torch.nn.Parameter(scorch.as_sparse(x, "csr"))
+    avg = torch.optim.swa_utils.AveragedModel(lin)
+    avg.update_parameters(lin)   # the first update copies (p_avg.detach().copy_(p))
+    with torch.no_grad():
+        lin.weight.mul_(3)
+    avg.update_parameters(lin)
+    torch.testing.assert_close(avg.module.weight.to_dense(), x * 2)   # the mean of x and 3x
+    torch.manual_seed(0)
+    u = W.new_empty(5).normal_()
+    torch.manual_seed(0)
+    assert torch.equal(u.to_dense(), torch.empty(5).normal_())
+    ref = torch.nn.Linear(3, 2)
+    ref.weight, ref.bias = torch.nn.Parameter(x.clone()), lin.bias
+    inp = torch.randn(4, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # vdot of the power iteration's vectors: the dense fallback
+        torch.manual_seed(1)
+        torch.nn.utils.parametrizations.spectral_norm(lin)
+        torch.manual_seed(1)
+        torch.nn.utils.parametrizations.spectral_norm(ref)
+        for _ in range(3):
+            torch.testing.assert_close(lin(inp), ref(inp))
+    lin2 = torch.nn.Linear(3, 2)
+    lin2.weight = torch.nn.Parameter(scorch.as_sparse(x, "csr"))
+    opt, scaler = torch.optim.SGD(lin2.parameters(), lr=0.1), torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(lin2(inp).sum()).backward()
+    scaler.step(opt)
+    torch.testing.assert_close(lin2.weight.to_dense(), x - 0.1 * inp.sum(0).expand(2, 3) * (x != 0))
+
+
+def test_dense_results_respect_the_dense_copy_limit():
+    """exp(A), A + 1, cos(A), A == A (dense by definition) refuse a dense result over
+    ``dense_fallback_max_bytes`` as the other dense paths do (they tried 4 TB)."""
+    n = 10 ** 6
+    A = scorch.from_coo([[0, 5], [1, 7]], [1.0, 2.0], (n, n), format="csr")
+    for op in (torch.exp, lambda a: a + 1, torch.cos, lambda a: a == a):
+        with pytest.raises(NotImplementedError, match="dense_fallback_max_bytes"):
+            op(A)

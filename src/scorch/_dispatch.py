@@ -12,6 +12,7 @@ raise instead of silently writing into a temporary.
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from typing import Callable
 
@@ -85,6 +86,15 @@ def write_out(name: str, result, out, densify: bool = False):
             raise ScorchTypeError(f"{name}: out= must be a tuple of {len(result)} tensors, got {type(out).__name__}")
         written = tuple(write_out(name, r, o) for r, o in zip(result, out))
         return written if type(result) is tuple else type(result)(written)
+    if densify and isinstance(out, SparseTensor) and out._stored == math.prod(out._shape) \
+            and tuple(result.shape) == out._shape and not (isinstance(result, SparseTensor) and _same_pattern(result, out)):
+        # a SparseTensor storing every position takes any result of its shape, read at its positions
+        if result.dtype != out.dtype:
+            raise ScorchValueError(f"{name}: out= has dtype {out.dtype}, the result has {result.dtype}")
+        from .ops._pattern import project
+        out._values.copy_(project(result.to_dense() if isinstance(result, SparseTensor) else result, out))
+        torch.autograd.graph.increment_version(out)
+        return out
     if densify and isinstance(out, SparseTensor):
         if not (isinstance(result, SparseTensor) and _same_pattern(result, out)):
             raise NotSupportedError(f"{name}: out= is a SparseTensor, and this result is not in its pattern "
@@ -228,8 +238,13 @@ def densified(func, args, kwargs):
         name = getattr(func, "__name__", None) or str(func)
         raise NotSupportedError(f"{name}: out= is a SparseTensor, but this result is computed densely; "
                                 "use the returned tensor")
+    check_dense_size(f"{_name_of(func)} is computed on the dense tensor, and", leaves(args, kwargs))
     args, kwargs = _map(_to_dense, args, _is_any_sparse), _map(_to_dense, kwargs, _is_any_sparse)
     return func(*args, **kwargs)
+
+
+def _name_of(func) -> str:
+    return str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else getattr(func, "__name__", str(func))
 
 
 def _to_dense(a) -> torch.Tensor:
@@ -280,7 +295,7 @@ def _leaves(x, out: list) -> None:
 
 
 def dense_fallback(func, args, kwargs):
-    name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else getattr(func, "__name__", str(func))
+    name = _name_of(func)
     if _writes_sparse(func, args, kwargs):
         raise NotSupportedError(
             f"{name}: writing into a SparseTensor in place is not supported; "

@@ -513,14 +513,22 @@ class SparseTensor(torch.Tensor):
         return self._like(values=self._values.detach(), nnz=self._stored)
 
     def copy_(self, src, non_blocking: bool = False) -> "SparseTensor":
-        """Take ``src``'s entries (its pattern too), in this tensor's format and dtype."""
+        """Take ``src``'s entries (its pattern too), in this tensor's format and dtype.  Into the
+        same pattern the values are written in place, so ``x.detach()`` / ``x.data`` aliases see
+        them (``p.data.copy_(q)``, an EMA update); another pattern gives this tensor new storage,
+        which an alias does not pass on to the tensor it came from (nor a view to its base)."""
         from .interop import as_sparse
+        from .ops._pattern import same_pattern
         if not isinstance(src, torch.Tensor):   # a number: every position takes it (stored when not 0)
             src = torch.as_tensor(src, dtype=self.dtype).expand(self.shape)
         if tuple(src.shape) != tuple(self.shape):
             raise ScorchValueError(f"copy_: src has shape {tuple(src.shape)}, expected {tuple(self.shape)}")
         s = as_sparse(src, self._format, index_dtype=self.index_dtype)
-        self._set_storage(s._pos, s._crd, s._values.to(self.dtype), s._stored)
+        if same_pattern(s, self):
+            self._values.copy_(s._values)
+        else:
+            self._set_storage(s._pos, s._crd, s._values.to(self.dtype), s._stored)
+        torch.autograd.graph.increment_version(self)
         return self
 
     # ------------------------------------------------------------ shape: mode-order changes, no copy

@@ -31,18 +31,33 @@ def stored(x: SparseTensor):
 
 def project(g, x: SparseTensor, at=None) -> torch.Tensor:
     """The values of ``g`` (dense or sparse) at ``x``'s stored positions, aligned with ``x.values()``
-    (``at``: :func:`stored` of ``x``, when the caller has it already)."""
+    (``at``: :func:`stored` of ``x``, when the caller has it already); differentiable w.r.t. ``g``
+    (a double backward reads gradients through it)."""
+    tracked = isinstance(g, SparseTensor) and g.requires_grad and torch.is_grad_enabled()
     if isinstance(g, SparseTensor) and same_pattern(g, x):
-        return g._values
+        return g.values() if tracked else g._values
     coords, where = stored(x) if at is None else at
     out = torch.zeros(x._values.numel(), dtype=g.dtype)
     if not coords.shape[1]:
         return out
-    if isinstance(g, SparseTensor):
+    if tracked:   # g's values by position, so that the read stays in the graph
+        numbered = g.detach()._like(values=torch.arange(1, g._values.numel() + 1, dtype=torch.float64),
+                                    nnz=g._stored)
+        pos = _lookup(numbered, coords).long() - 1
+        out[where] = torch.where(pos >= 0, g.values()[pos.clamp(min=0)], torch.zeros((), dtype=g.dtype))
+    elif isinstance(g, SparseTensor):
         out[where] = _lookup(g, coords)
     else:
         out[where] = g[tuple(coords)]
     return out
+
+
+def in_pattern(x: SparseTensor, values: torch.Tensor) -> SparseTensor:
+    """``x``'s pattern holding ``values``: in the autograd graph when grad mode is on (a backward
+    run with ``create_graph=True``), else without the graph's bookkeeping."""
+    if torch.is_grad_enabled() and values.requires_grad:
+        return x.detach().with_values(values)
+    return x._like(values=values, nnz=x._stored)
 
 
 def _lookup(g: SparseTensor, coords: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from ..compiler.notation import Access, Op
 from ..errors import NotSupportedError
 from ..interop import from_torch, is_torch_sparse
 from ..tensor import SparseTensor
-from ._pattern import _lookup, project, same_pattern
+from ._pattern import _lookup, in_pattern, project, same_pattern
 from .einsum import _any_requires_grad, einsum
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -85,7 +85,7 @@ class _Elementwise(torch.autograd.Function):
             if not need:
                 out.append(None)
             elif isinstance(x, SparseTensor):
-                out.append(x._like(values=(sign * project(grad, x)).to(x.dtype), nnz=x._stored))
+                out.append(in_pattern(x, (sign * project(grad, x)).to(x.dtype)))
             else:
                 g = grad.to_dense() if isinstance(grad, SparseTensor) else grad
                 out.append((sign * g).to(x.dtype))

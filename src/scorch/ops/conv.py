@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .. import config
 from .._dispatch import as_torch_runs, implements
@@ -171,6 +172,7 @@ class _SparseConvTranspose(torch.autograd.Function):
         return _input_grad(x, weight, shape, geometry)
 
     @staticmethod
+    @once_differentiable   # (a double backward raises rather than reading zeros)
     def backward(ctx, gy):
         x, weight = ctx.saved_tensors
         gx = gw = None
@@ -214,6 +216,7 @@ class _SparseConv(torch.autograd.Function):
         return _forward(x, weight, geometry)
 
     @staticmethod
+    @once_differentiable   # (a double backward raises rather than reading zeros)
     def backward(ctx, gy):
         x, weight = ctx.saved_tensors
         gx = _input_grad(gy, weight, tuple(x.shape), ctx.geometry) if ctx.needs_input_grad[0] else None

@@ -22,7 +22,7 @@ from ..compiler.notation import parse, permutation
 from ..errors import NotSupportedError, ScorchValueError
 from ..interop import is_sparse, is_torch_sparse
 from ..tensor import SparseTensor
-from ._pattern import project
+from ._pattern import in_pattern, project
 
 
 def einsum(equation: str, *operands, format=None):
@@ -247,18 +247,22 @@ def _sum_to(grad, t):
 
 
 def _grad_of(ein, ops, k, grad):
+    """The gradient of operand ``k`` (a sparse one in its pattern); under grad mode -- a backward
+    with ``create_graph=True`` -- through the differentiable einsum, so it can be differentiated
+    again (Hessian-vector products, gradient penalties)."""
     t_k, out = ein.inputs[k], ein.output
     others = [(t, x) for j, (t, x) in enumerate(zip(ein.inputs, ops)) if j != k]
     x = ops[k]
+    run = einsum if torch.is_grad_enabled() else driver.einsum
     if isinstance(x, SparseTensor):
         mask = x._like(values=torch.ones_like(x._values), nnz=x._stored)
         terms = [t_k, out] + [t for t, _ in others]
-        g = driver.einsum(",".join(terms) + "->" + t_k, mask, grad, *[o for _, o in others])
-        return x._like(values=project(g, x).to(x.dtype), nnz=x._stored)
+        g = run(",".join(terms) + "->" + t_k, mask, grad, *[o for _, o in others])
+        return in_pattern(x, project(g, x).to(x.dtype))
     have = set(out) | {c for t, _ in others for c in t}
     kept = "".join(c for c in t_k if c in have)
     terms = [out] + [t for t, _ in others]
-    g = driver.einsum(",".join(terms) + "->" + kept, grad, *[o for _, o in others], format="dense")
+    g = run(",".join(terms) + "->" + kept, grad, *[o for _, o in others], format="dense")
     size = ein.size
     if kept != t_k:  # indices only this operand has: the gradient is constant along them
         g = g.reshape([size[c] if c in kept else 1 for c in t_k]).expand([size[c] for c in t_k])
@@ -280,7 +284,7 @@ class ToDense(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
-        return x._like(values=project(grad, x).to(x.dtype), nnz=x._stored)
+        return in_pattern(x, project(grad, x).to(x.dtype))
 
 
 class FromValues(torch.autograd.Function):
@@ -306,5 +310,4 @@ class Values(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        x = ctx.pattern
-        return x._like(values=grad, nnz=x._stored)
+        return in_pattern(ctx.pattern, grad)

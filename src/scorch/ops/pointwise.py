@@ -373,12 +373,19 @@ def _zero_(x):
 def _fill_(x, value):
     """The stored values (``nn.init.ones_(sparse_weight)``: the pattern is fixed); an unset
     tensor (:func:`_unset`) takes ``value`` everywhere -- every position stored."""
-    n = len(x._shape)
-    if getattr(x, "_unset", False) and value != 0 and x._stored < math.prod(x._shape):
-        x._become(SparseTensor(Format([dense] * n), x._shape, (None,) * n, (None,) * n,
-                               torch.empty(math.prod(x._shape), dtype=x.dtype)))
+    if value != 0:
+        _every_position_if_unset(x)
     x._values.fill_(value)
     return x
+
+
+def _every_position_if_unset(x: SparseTensor) -> None:
+    """An unset tensor (:func:`_unset`) about to be written everywhere (a fill, a random fill)
+    stores every position: a dense format, its values to be written."""
+    if getattr(x, "_unset", False) and x._stored < math.prod(x._shape):
+        n = len(x._shape)
+        x._become(SparseTensor(Format([dense] * n), x._shape, (None,) * n, (None,) * n,
+                               torch.zeros(math.prod(x._shape), dtype=x.dtype)))
 
 
 __all__ = ["same_pattern", "pointwise"]
@@ -483,18 +490,28 @@ def _masked_fill_(self, mask, value):
     return self
 
 
+@implements_aten(torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default)
+def _amp_unscale_(grads, found_inf, inv_scale):
+    """GradScaler's unscale of the gradients (a SparseTensor's: its stored values), ``found_inf``
+    set where one is not finite."""
+    torch._amp_foreach_non_finite_check_and_unscale_(
+        [g._values if isinstance(g, SparseTensor) else g for g in grads], found_inf, inv_scale)
+
+
 # ------------------------------------------------------------------ random fills: the stored values, as every in-place op
 
 def _fill_stored(func):
     """``func`` (an in-place random fill: ``uniform_``, ``normal_``...) on the stored values --
     ``nn.init.xavier_uniform_(sparse_weight)`` initialises the weights the pattern keeps; like
-    every in-place op on a SparseTensor, it cannot make absent entries present."""
+    every in-place op on a SparseTensor, it cannot make absent entries present -- except on an
+    unset tensor (``x.new_empty(n).normal_()``: spectral_norm's vector), which it fills whole."""
     def fill(self, *args, **kwargs):
         if not isinstance(self, SparseTensor):
             return func(self, *args, **kwargs)
         if any(isinstance(a, torch.Tensor) and a.dim() for a in leaves(args, kwargs)):   # bernoulli_(p tensor)
             raise NotSupportedError(f"{func.overloadpacket.__name__}: a tensor of parameters is not supported "
                                     "on a SparseTensor; pass a number")
+        _every_position_if_unset(self)
         func(self._values, *args, **kwargs)
         return self
     return fill

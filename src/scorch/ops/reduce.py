@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from .._dispatch import accepts_out, as_torch_runs, check_dense_size, implements
+from .._dispatch import accepts_out, as_torch_runs, check_dense_size, implements, write_out
 from ..compiler import build, segments
 from ..convert import coords_of, sort_keys
 from ..errors import ScorchIndexError, ScorchTypeError, ScorchValueError
@@ -468,9 +468,10 @@ def isin(elements, test_elements, *, assume_unique=False, invert=False):
 @implements(torch.nn.functional.normalize)
 def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
     """``input / max(norm(input, p, dim), eps)``: for a SparseTensor a sparse result in its pattern
-    (each row of a CSR adjacency scaled to unit norm, say), the norm from the stored values."""
+    (each row of a CSR adjacency scaled to unit norm, say), the norm from the stored values;
+    ``out=`` takes the result as :func:`~scorch._dispatch.write_out` writes one."""
     if out is not None:
-        raise ScorchValueError("normalize: out= is not supported with a SparseTensor input")
+        return write_out("normalize", normalize(input, p, dim, eps), out, densify=True)
     if not isinstance(input, SparseTensor):
         return as_torch_runs(torch.nn.functional.normalize, input, p, dim, eps)
     norm = _norm(input, p, dim, True, None, lambda d: torch.linalg.vector_norm(d, p, dim, True))
