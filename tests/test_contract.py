@@ -200,3 +200,13 @@ def test_dense_results_respect_the_dense_copy_limit():
     for op in (torch.exp, lambda a: a + 1, torch.cos, lambda a: a == a):
         with pytest.raises(NotImplementedError, match="dense_fallback_max_bytes"):
             op(A)
+
+
+def test_from_levels_names_a_wrong_array_type():
+    pos, crd, vals = [None, torch.tensor([0, 1, 2])], [None, torch.tensor([2, 0])], torch.tensor([1.0, 2.0])
+    with pytest.raises(TypeError, match="from_levels: pos arrays must be torch.Tensors .* got list"):
+        scorch.SparseTensor.from_levels("csr", (2, 3), [None, [0, 1, 2]], crd, vals)
+    with pytest.raises(TypeError, match="from_levels: values must be a torch.Tensor, got list"):
+        scorch.SparseTensor.from_levels("csr", (2, 3), pos, crd, [1.0, 2.0])
+    assert scorch.SparseTensor.from_levels("csr", (2, 3), pos, crd, vals).to_dense().tolist() == \
+        [[0.0, 0.0, 1.0], [2.0, 0.0, 0.0]]

@@ -227,6 +227,13 @@ def validate_storage(fmt: Format, shape, pos, crd, values, *, arg: str = "storag
     sizes = fmt.level_sizes(shape)
     if len(pos) != len(sizes) or len(crd) != len(sizes):
         raise ScorchValueError(f"{arg}: expected pos/crd for {len(sizes)} levels")
+    for name, arrays in (("pos", pos), ("crd", crd)):
+        bad = next((a for a in arrays if a is not None and not isinstance(a, torch.Tensor)), None)
+        if bad is not None:
+            raise ScorchTypeError(f"{arg}: {name} arrays must be torch.Tensors (or None where a level has none), got "
+                                  f"{type(bad).__name__}")
+    if not isinstance(values, torch.Tensor):
+        raise ScorchTypeError(f"{arg}: values must be a torch.Tensor, got {type(values).__name__}")
     dtypes = {t.dtype for t in (*pos, *crd) if t is not None}
     if not dtypes <= {torch.int32, torch.int64} or len(dtypes) > 1:
         raise ScorchTypeError(f"{arg}: index arrays must all be int32 or all int64, got {sorted(map(str, dtypes))}")

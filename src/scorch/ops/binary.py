@@ -33,6 +33,11 @@ def _is_scalar(x) -> bool:
     return not isinstance(x, torch.Tensor) or (not isinstance(x, SparseTensor) and x.dim() == 0)
 
 
+def _dtype(x) -> torch.dtype:
+    """``x.dtype`` without a torch-function round trip for a SparseTensor (~2.5 us a call)."""
+    return x._values.dtype if isinstance(x, SparseTensor) else x.dtype
+
+
 def binary(op: str, a, b, func, args, kwargs):
     if is_torch_sparse(a) or is_torch_sparse(b):   # A + torch.eye(n).to_sparse(): the SparseTensor's rules
         a, b = (from_torch(x) if is_torch_sparse(x) else x for x in (a, b))
@@ -48,10 +53,11 @@ def binary(op: str, a, b, func, args, kwargs):
         if isinstance(b, SparseTensor) or bool((b == 0).any()):
             return densified(func, args, kwargs)  # x/0 at absent entries: the result is dense
         return binary("*", a, b.reciprocal(), torch.mul, (a, b.reciprocal()), {})
-    if op == "-" and a.dtype == torch.bool and b.dtype == torch.bool:
+    both_bool = _dtype(a) == torch.bool and _dtype(b) == torch.bool
+    if op == "-" and both_bool:
         raise NotSupportedError("sub: subtracting two bool tensors is not supported (as in torch); to invert a "
                                 "mask use ~ or logical_not()")
-    if op in "+*" and a.dtype == torch.bool and b.dtype == torch.bool:   # torch's bool + / *: or / and,
+    if op in "+*" and both_bool:   # torch's bool + / *: or / and,
         u8 = (a.to(torch.uint8), b.to(torch.uint8))                        # as 0 / 1 integers (no overflow)
         return binary(op, *u8, func, u8, {}).bool()
     idx = _LETTERS[:len(shape)]
