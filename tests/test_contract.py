@@ -210,3 +210,22 @@ def test_from_levels_names_a_wrong_array_type():
         scorch.SparseTensor.from_levels("csr", (2, 3), pos, crd, [1.0, 2.0])
     assert scorch.SparseTensor.from_levels("csr", (2, 3), pos, crd, vals).to_dense().tolist() == \
         [[0.0, 0.0, 1.0], [2.0, 0.0, 0.0]]
+
+
+class _SparseSamples(torch.utils.data.Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        d = torch.zeros(3, 4)
+        d[i % 3, i % 4] = i + 1.0
+        return scorch.as_sparse(d, "csr"), d
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_dataloader_batches_sparse_samples(workers):
+    """default_collate stacks SparseTensor samples into a batched SparseTensor, in worker processes
+    too (torch's collate stacked into shared memory, which a SparseTensor has none of)."""
+    for sparse, dense in torch.utils.data.DataLoader(_SparseSamples(), batch_size=3, num_workers=workers):
+        assert isinstance(sparse, scorch.SparseTensor) and sparse.shape == (3, 3, 4)
+        assert torch.equal(sparse.to_dense(), dense)

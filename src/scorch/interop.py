@@ -424,3 +424,23 @@ def to_scipy(A: SparseTensor):
     if vals.dtype in (torch.bfloat16, torch.float16):
         vals = vals.float()
     return sp.coo_array((vals.detach().numpy(), (coords[0].numpy(), coords[1].numpy())), shape=tuple(A.shape))
+
+
+# ---------------------------------------------------------------- DataLoader batches
+
+def _collate(batch, *, collate_fn_map=None):
+    """``default_collate`` of SparseTensor samples: stacked along a new first dim, a SparseTensor
+    (torch's own stacks into shared memory, which a SparseTensor does not have)."""
+    return torch.stack(list(batch), 0)
+
+
+def _register_collate() -> None:
+    """torch's documented extension point (``collate``'s docstring): ``default_collate_fn_map``."""
+    try:
+        from torch.utils.data._utils.collate import default_collate_fn_map
+    except ImportError:   # pragma: no cover - another torch layout: DataLoader keeps its own rules
+        return
+    default_collate_fn_map[SparseTensor] = _collate
+
+
+_register_collate()
