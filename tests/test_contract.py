@@ -229,3 +229,25 @@ def test_a_dataloader_batches_sparse_samples(workers):
     for sparse, dense in torch.utils.data.DataLoader(_SparseSamples(), batch_size=3, num_workers=workers):
         assert isinstance(sparse, scorch.SparseTensor) and sparse.shape == (3, 3, 4)
         assert torch.equal(sparse.to_dense(), dense)
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "ell"])
+def test_nn_init_fills_a_sparse_weights_pattern(fmt):
+    """Every nn.init function writes the stored entries only and keeps the pattern -- trunc_normal_
+    too, whose rejection loops draw into empty_like(weight) (a random fill of an unset tensor
+    fills its pattern; only one that stores nothing, new_empty's, is filled whole)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(20, 30, generator=g) * (torch.rand(20, 30, generator=g) < 0.2)
+    W = scorch.as_sparse(x, fmt)
+    stored = W.to_dense() != 0
+    inits = [lambda t: torch.nn.init.trunc_normal_(t, std=0.5),                  # its first loop
+             lambda t: torch.nn.init.trunc_normal_(t, std=2.0, a=-0.5, b=0.5),   # its second
+             torch.nn.init.xavier_uniform_, torch.nn.init.kaiming_normal_, torch.nn.init.ones_,
+             lambda t: torch.nn.init.constant_(t, 0.3), torch.nn.init.uniform_, torch.nn.init.normal_]
+    for init in inits:
+        with torch.no_grad():
+            init(W)
+        assert W.nnz == int(stored.sum()) and not bool((W.to_dense()[~stored] != 0).any())
+    with torch.no_grad():
+        torch.nn.init.trunc_normal_(W, std=2.0, a=-0.5, b=0.5)
+    assert bool((W.values().abs() <= 0.5).all())

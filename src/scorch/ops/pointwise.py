@@ -379,9 +379,13 @@ def _fill_(x, value):
     return x
 
 
-def _every_position_if_unset(x: SparseTensor) -> None:
-    """An unset tensor (:func:`_unset`) about to be written everywhere (a fill, a random fill)
-    stores every position: a dense format, its values to be written."""
+def _every_position_if_unset(x: SparseTensor, only_if_empty: bool = False) -> None:
+    """An unset tensor (:func:`_unset`) about to be written everywhere (a fill) stores every
+    position: a dense format, its values to be written.  ``only_if_empty`` (a random fill): only
+    when it stores nothing (``new_empty``); ``empty_like(w).uniform_()`` fills ``w``'s pattern,
+    as a random fill of a pattern does (``nn.init.trunc_normal_`` of a sparse weight builds on it)."""
+    if only_if_empty and x._stored:
+        return
     if getattr(x, "_unset", False) and x._stored < math.prod(x._shape):
         n = len(x._shape)
         x._become(SparseTensor(Format([dense] * n), x._shape, (None,) * n, (None,) * n,
@@ -504,14 +508,15 @@ def _fill_stored(func):
     """``func`` (an in-place random fill: ``uniform_``, ``normal_``...) on the stored values --
     ``nn.init.xavier_uniform_(sparse_weight)`` initialises the weights the pattern keeps; like
     every in-place op on a SparseTensor, it cannot make absent entries present -- except on an
-    unset tensor (``x.new_empty(n).normal_()``: spectral_norm's vector), which it fills whole."""
+    unset tensor that stores nothing (``x.new_empty(n).normal_()``: spectral_norm's vector),
+    which it fills whole."""
     def fill(self, *args, **kwargs):
         if not isinstance(self, SparseTensor):
             return func(self, *args, **kwargs)
         if any(isinstance(a, torch.Tensor) and a.dim() for a in leaves(args, kwargs)):   # bernoulli_(p tensor)
             raise NotSupportedError(f"{func.overloadpacket.__name__}: a tensor of parameters is not supported "
                                     "on a SparseTensor; pass a number")
-        _every_position_if_unset(self)
+        _every_position_if_unset(self, only_if_empty=True)
         func(self._values, *args, **kwargs)
         return self
     return fill
