@@ -161,6 +161,9 @@ def test_copies_into_aliases_reach_the_tensor_and_unset_tensors_fill_whole():
     assert torch.equal(W.to_dense(), x * 7)
     W.data.copy_(x)
     assert torch.equal(W.to_dense(), x)
+    W.data.copy_(x * (x > 1))   # a zero at a stored position: written in place as 0 (it was lost)
+    assert torch.equal(W.to_dense(), x * (x > 1)) and W.nnz == 3
+    W.data.copy_(x)
     lin = torch.nn.Linear(3, 2)
     lin.weight = torch.nn.Parameter(scorch.as_sparse(x, "csr"))
     avg = torch.optim.swa_utils.AveragedModel(lin)

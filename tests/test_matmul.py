@@ -341,3 +341,5 @@ def test_smm_hspmm_sspaddmm_stay_sparse_like_torch_sparse(fmt):
         torch.smm(A, X[:3])
     with pytest.raises(ValueError, match=r"sspaddmm: input \(6, 5\) must have the product's shape \(6, 3\)"):
         torch.sspaddmm(A, A, X)
+    Bk = scorch.as_sparse(x[:, :4], scorch.formats.bsr(2, 2))   # blocks that do not tile the (6, 3) product
+    torch.testing.assert_close(torch.smm(Bk, X[:4]).to_dense(), x[:, :4] @ X[:4])

@@ -439,6 +439,11 @@ def test_norms_sums_and_empty_dims_follow_torch():
                       (H.mean(dtype=torch.float32), h.mean(dtype=torch.float32))]:
         assert got.dtype == want.dtype and torch.isfinite(got)
         torch.testing.assert_close(got, want)
+    f = torch.tensor([[0.0, 1.7, 0.0], [2.5, 0.0, -3.9]])
+    for dtype in (torch.int32, torch.bool, torch.float64):   # cast first, then summed: in that dtype
+        for got, want in [(scorch.as_sparse(f, "csr").sum(dtype=dtype), f.sum(dtype=dtype)),
+                          (scorch.as_sparse(f, "coo").sum(1, dtype=dtype), f.sum(1, dtype=dtype))]:
+            assert got.dtype == want.dtype and torch.equal(got, want)
     g = torch.tensor([[0.0, 2.0, 0.0], [-1.0, 0.0, 3.0]])
     G = scorch.as_sparse(g, "csr")
     for op in (lambda t: t.sum(()), lambda t: t.sum(dim=[]), lambda t: t.mean(dim=[]), lambda t: t.nansum(()),

@@ -913,6 +913,11 @@ def test_setitem_grows_the_pattern_and_refuses_to_bypass_autograd():
     with torch.no_grad():
         B[0, 0] = 4.0   # a parameter update
     assert B.detach().to_dense()[0, 0] == 4.0
+    w = torch.tensor(2.0, dtype=x.dtype, requires_grad=True)   # a value autograd would lose: refused
+    with pytest.raises(NotSupportedError, match="or a value that does"):
+        A[0, 0] = w
+    with pytest.raises(NotSupportedError, match="or a value that does"):
+        A.index_put_((torch.tensor([0]), torch.tensor([1])), w)
 
 
 def test_setitem_after_saving_for_backward_is_detected():

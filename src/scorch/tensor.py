@@ -518,7 +518,7 @@ class SparseTensor(torch.Tensor):
         them (``p.data.copy_(q)``, an EMA update); another pattern gives this tensor new storage,
         which an alias does not pass on to the tensor it came from (nor a view to its base)."""
         from .interop import as_sparse
-        from .ops._pattern import same_pattern
+        from .ops._pattern import project, same_pattern
         if not isinstance(src, torch.Tensor):   # a number: every position takes it (stored when not 0)
             src = torch.as_tensor(src, dtype=self.dtype).expand(self.shape)
         if tuple(src.shape) != tuple(self.shape):
@@ -526,6 +526,8 @@ class SparseTensor(torch.Tensor):
         s = as_sparse(src, self._format, index_dtype=self.index_dtype)
         if same_pattern(s, self):
             self._values.copy_(s._values)
+        elif _within(s, self):   # (src's zeros at stored positions: 0 written there, in place)
+            self._values.copy_(project(s, self))
         else:
             self._set_storage(s._pos, s._crd, s._values.to(self.dtype), s._stored)
         torch.autograd.graph.increment_version(self)
@@ -659,6 +661,15 @@ def _bind_matmul():
     from ._dispatch import _FUNCTIONS  # imported late: the ops register themselves after this module
     _MATMUL.append(_FUNCTIONS[torch.Tensor.__matmul__])
     return _MATMUL[0]
+
+
+def _within(s: SparseTensor, x: SparseTensor) -> bool:
+    """Whether every entry ``s`` stores is a position ``x`` stores (both in one format)."""
+    from .ops._pattern import _lookup
+    if s._stored > x._stored:
+        return False
+    numbered = x._like(values=torch.arange(1, x._values.numel() + 1, dtype=torch.float64), nnz=x._stored)
+    return bool((_lookup(numbered, s.coo()[0]) > 0).all())
 
 
 def _wrap_dim(d, n: int, op: str) -> int:

@@ -247,7 +247,10 @@ def _sparse_times(name: str, mat1, mat2, format):
         raise ScorchValueError(f"{name}: mat1 {tuple(mat1.shape)} and mat2 {tuple(mat2.shape)} do not chain")
     if not isinstance(mat1, SparseTensor):
         mat1 = as_sparse(mat1, "coo")   # a torch.sparse operand beside a SparseTensor mat2
-    return einsum("ij,jk->ik", mat1, mat2, format=format or mat1.format)
+    format = format or mat1.format
+    if format.block and any(n % b for n, b in zip((mat1.shape[0], mat2.shape[1]), format.block)):
+        format = "csr"   # blocks that do not tile the product's shape
+    return einsum("ij,jk->ik", mat1, mat2, format=format)
 
 
 @implements(torch.smm, torch.Tensor.smm)

@@ -79,7 +79,7 @@ def sum_(x, dim=None, keepdim=False, *, dtype=None):
         wide = x.with_values(x.values().to(torch.float64))
         return sum_(wide, dim, keepdim).round().to(torch.int64 if dtype is None else dtype)
     if dtype is not None and dtype != x.dtype:   # torch casts the input first (a float16 sum into float32)
-        return sum_(x.to(dtype), dim, keepdim)
+        return sum_(x.to(dtype), dim, keepdim, dtype=dtype)
     dims = _dims(dim, x.dim(), "sum")
     idx = _LETTERS[:x.dim()]
     out = einsum(f"{idx}->{''.join(c for d, c in enumerate(idx) if d not in dims)}", x, format="dense")

@@ -530,9 +530,10 @@ def setitem(x, key, value):
     dense values."""
     if not isinstance(x, SparseTensor):
         return _dense_call(torch.Tensor.__setitem__, x, key, value)
-    if torch.is_grad_enabled() and x.requires_grad:
-        raise NotSupportedError("setitem: writing into a SparseTensor that requires grad is not recorded by "
-                                "autograd; assign under torch.no_grad() (a parameter update), or build a new tensor")
+    if torch.is_grad_enabled() and (x.requires_grad or (isinstance(value, torch.Tensor) and value.requires_grad)):
+        raise NotSupportedError("setitem: writing into a SparseTensor that requires grad, or a value that does, is "
+                                "not recorded by autograd; assign under torch.no_grad() (a parameter update), or "
+                                "build a new tensor (torch.where, x.with_values)")
     dense = lambda k: k.to_dense() if isinstance(k, SparseTensor) else k  # noqa: E731
     key = tuple(map(dense, key)) if isinstance(key, tuple) else dense(key)
     value = dense(value)
