@@ -76,7 +76,7 @@ def test_every_torch_name_scorch_does_not_mean_to_change_is_torchs():
     """`import scorch as torch; torch.tensor([1, 2])` called scorch's `tensor` module: a submodule
     named like a torch name hid it.  Every public torch name is torch's object here unless scorch
     overrides it on purpose (its functions on sparse operands, nn with its sparse layers)."""
-    on_purpose = {"nn", "einsum", "matmul"}
+    on_purpose = {"nn", "einsum"}
     from scorch._alias import _TorchAlias
     for name in dir(torch):
         if name.startswith("_") or name in on_purpose:
@@ -87,3 +87,27 @@ def test_every_torch_name_scorch_does_not_mean_to_change_is_torchs():
         assert ours is getattr(torch, name), (name, ours)
     assert scorch.tensor([1, 2]).tolist() == [1, 2]
     assert scorch.sparse_coo is torch.sparse_coo   # the layout (scorch's COO builder is scorch.from_coo)
+
+
+def test_drop_in_details_a_program_can_see():
+    """torch's __version__ (version checks take the right branch), torch.matmul itself (TorchScript,
+    torch-function modes), TorchScript compiling scorch.einsum as aten::einsum, torch.nn.attention,
+    `from scorch import *` giving torch's names, and torch.sparse operands alone computed by torch
+    (its result types, gradients and speed)."""
+    assert scorch.__version__ == torch.__version__ and scorch.__version__ >= (2, 0)
+    assert scorch.matmul is torch.matmul and scorch.nn.attention is torch.nn.attention
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return scorch.matmul(x, y) + scorch.einsum("ij,jk->ik", x, y)
+
+    scripted = torch.jit.script(f)
+    x = torch.randn(3, 3)
+    torch.testing.assert_close(scripted(x, x), 2 * x @ x)
+    names: dict = {}
+    exec("from scorch import *", names)
+    assert names["randn"] is torch.randn and names["SparseTensor"] is scorch.SparseTensor
+    d = torch.randn(5, 6) * (torch.rand(5, 6) < 0.4)
+    coo = d.to_sparse()
+    assert scorch.einsum("ij->ji", coo).layout == torch.sparse_coo          # torch's own result
+    got = scorch.einsum("ij,jk->ik", coo, torch.ones(6, 2))                # torch refuses: scorch's kernels
+    torch.testing.assert_close(got, d @ torch.ones(6, 2))

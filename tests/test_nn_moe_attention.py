@@ -1,4 +1,4 @@
-"""``scorch.nn.moe.MoE`` and ``scorch.nn.attention.SparseAttention`` against dense oracles
+"""``scorch.nn.moe.MoE`` and ``scorch.nn.sparse_attention.SparseAttention`` against dense oracles
 written in plain torch in this file (the seed's one-hot MoE, dense masked attention)."""
 
 import math
@@ -8,7 +8,7 @@ import torch
 
 import scorch
 from scorch.compiler import build
-from scorch.nn.attention import SparseAttention
+from scorch.nn.sparse_attention import SparseAttention
 from scorch.nn.moe import MoE
 
 pytestmark = pytest.mark.skipif(not build.have_compiler(), reason="no C compiler")

@@ -12,13 +12,12 @@ True
 import torch as _torch
 
 from . import _alias, config, formats
-from ._version import __version__
 from .errors import InternalError, NotSupportedError, ScorchError, ScorchTypeError, ScorchValueError
 from .format import Format, Level, compressed, dense, padded, singleton
 from .interop import as_sparse, is_sparse, from_coo
 from .tensor import SparseTensor
 from . import _dispatch  # noqa: F401  (registers the dispatch table)
-from .ops import einsum, explain, matmul, rearrange
+from .ops import einsum, explain, rearrange
 from . import nn  # noqa: E402
 from . import sparsify  # noqa: E402
 from . import schedule  # noqa: E402
@@ -35,19 +34,28 @@ for _name, _obj in list(globals().items()):
         globals()[_name] = getattr(_torch, _name)
 del _name, _obj
 
-__all__ = [
+# torch's own, so that a drop-in program's version checks and (TorchScript, torch-function modes)
+# identity checks see torch: `matmul` with a SparseTensor operand reaches scorch through
+# __torch_function__ all the same.  scorch's version: scorch._version.__version__.
+__version__ = _torch.__version__
+matmul = _torch.matmul
+
+_OURS = [
     "SparseTensor", "Format", "Level", "dense", "compressed", "singleton", "padded", "formats",
-    "as_sparse", "from_coo", "is_sparse", "einsum", "explain", "matmul", "rearrange", "config", "nn", "sparsify", "schedule",
+    "as_sparse", "from_coo", "is_sparse", "einsum", "explain", "rearrange", "config", "nn", "sparsify", "schedule",
     "ScorchError", "ScorchValueError", "ScorchTypeError", "NotSupportedError", "InternalError",
-    "__version__",
 ]
+__all__ = sorted(set(getattr(_torch, "__all__", ())) | set(_OURS))   # `from scorch import *` as from torch's
 
 
 def __getattr__(name):
     try:
-        return getattr(_torch, name)
+        value = getattr(_torch, name)
     except AttributeError:
         raise AttributeError(f"module 'scorch' (and torch) has no attribute {name!r}") from None
+    if callable(value) or isinstance(value, type(_torch)):   # a function, class or module: kept (the
+        globals()[name] = value                               # next lookup skips this hook)
+    return value
 
 
 def __dir__():

@@ -17,6 +17,7 @@ import time
 import torch
 
 import scorch
+from scorch._version import __version__ as scorch_version
 from scorch.datasets import load_graph, rmat
 
 
@@ -66,7 +67,7 @@ def main(argv=None) -> int:
 
     g = load_graph(args.graph)
     n, nnz = g.num_nodes, g.edge_index.shape[1]
-    print(f"scorch {scorch.__version__} demo: {g.name} graph, {n:,} nodes, {nnz:,} directed edges "
+    print(f"scorch {scorch_version} demo: {g.name} graph, {n:,} nodes, {nnz:,} directed edges "
           f"(torch {torch.__version__}, {torch.get_num_threads()} threads)")
 
     t0 = time.perf_counter()

@@ -8,7 +8,7 @@ adjacency), ``SparseLinear`` (a pruned linear layer with a sparse weight), ``MoE
 import torch.nn as _tnn
 
 from . import functional  # noqa: F401  (scorch.nn.functional is scorch's, not torch's)
-from .attention import SparseAttention, bigbird_pattern, window_pattern  # noqa: F401
+from .sparse_attention import SparseAttention, bigbird_pattern, window_pattern  # noqa: F401
 from .gnn import GATConv, GCNConv, SAGEConv, gcn_norm  # noqa: F401
 from .moe import MoE  # noqa: F401
 from .recommender import Recommender  # noqa: F401

@@ -20,7 +20,7 @@ from .._dispatch import implements
 from ..compiler import driver
 from ..compiler.notation import parse, permutation
 from ..errors import NotSupportedError, ScorchValueError
-from ..interop import is_sparse, is_torch_sparse
+from ..interop import is_torch_sparse
 from ..tensor import SparseTensor
 from ._pattern import in_pattern, project
 
@@ -43,9 +43,20 @@ def einsum(equation: str, *operands, format=None):
         return torch.einsum(equation, *operands)
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    if format is None and not config.auto_sparsify and not any(map(is_sparse, operands)):
-        return torch.einsum(equation, *operands)
+    if format is None and not config.auto_sparsify and not any(isinstance(x, SparseTensor) for x in operands):
+        if not any(map(is_torch_sparse, operands)):
+            return torch.einsum(equation, *operands)
+        try:   # torch.sparse operands alone: torch's result where torch computes one
+            return torch.einsum(equation, *operands)
+        except (RuntimeError, NotImplementedError):
+            pass
     return _einsum(equation, operands, format, ())
+
+
+try:   # TorchScript compiles a call of scorch.einsum (`import scorch as torch`) as aten::einsum
+    torch.jit._builtins._register_builtin(einsum, "aten::einsum")
+except AttributeError:   # pragma: no cover - another torch layout: scripting such calls fails as before
+    pass
 
 
 def _einsum(equation: str, operands, format, init):
