@@ -98,7 +98,7 @@ def _flip(self, dims):
 
 @_on(aten.mm.default)
 def _mm(self, mat2):
-    return linalg.mm(self, mat2)
+    return linalg.matmul(self, mat2)   # (aten checked the ranks)
 
 
 @_on(aten.sum.default)

@@ -69,38 +69,29 @@ def _rmatmul(a, b):
     return matmul(b, a)
 
 
-@implements(torch.mm, torch.Tensor.mm)
-@accepts_out
-def mm(input, mat2):
-    if input.dim() != 2 or mat2.dim() != 2:
-        raise ScorchValueError(f"mm: expects 2-d operands, got {input.dim()}-d and {mat2.dim()}-d")
-    return matmul(input, mat2)
+# products of fixed ranks: name, torch's argument names, the ranks, what the error says they must be
+_RANKED = (("mm", ("input", "mat2"), (2, 2), "2-d operands"), ("bmm", ("input", "mat2"), (3, 3), "3-d operands"),
+           ("mv", ("input", "vec"), (2, 1), "a 2-d matrix and a 1-d vector"),
+           ("dot", ("input", "tensor"), (1, 1), "two 1-d tensors"))
 
 
-@implements(torch.bmm, torch.Tensor.bmm)
-@accepts_out
-def bmm(input, mat2):
-    if input.dim() != 3 or mat2.dim() != 3:
-        raise ScorchValueError(f"bmm: expects 3-d operands, got {input.dim()}-d and {mat2.dim()}-d")
-    return matmul(input, mat2)
+def _ranked_product(name, names, ranks, what):
+    """``torch.<name>``: :func:`matmul` of two operands of ``ranks`` (positional or by torch's names)."""
+    def op(*args, **kwargs):
+        a, b = args + tuple(kwargs.pop(n) for n in names[len(args):] if n in kwargs)
+        if kwargs:
+            raise ScorchTypeError(f"{name}() got unexpected keyword arguments {sorted(kwargs)}")
+        if (a.dim(), b.dim()) != ranks:
+            raise ScorchValueError(f"{name}: expects {what}, got {a.dim()}-d and {b.dim()}-d")
+        return matmul(a, b)
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"``torch.{name}``: ``{names[0]} @ {names[1]}`` for {what}."
+    return op
 
 
-@implements(torch.mv, torch.Tensor.mv)
-@accepts_out
-def mv(input, vec):
-    """``input @ vec`` for a 2-d ``input`` and a 1-d ``vec`` (SpMV when ``input`` is sparse)."""
-    if input.dim() != 2 or vec.dim() != 1:
-        raise ScorchValueError(f"mv: expects a 2-d matrix and a 1-d vector, got {input.dim()}-d and {vec.dim()}-d")
-    return matmul(input, vec)
-
-
-@implements(torch.dot, torch.Tensor.dot)
-@accepts_out
-def dot(input, tensor):
-    """``torch.dot``: two 1-d tensors of one size."""
-    if input.dim() != 1 or tensor.dim() != 1:
-        raise ScorchValueError(f"dot: expects two 1-d tensors, got {input.dim()}-d and {tensor.dim()}-d")
-    return inner.__wrapped__(input, tensor)
+for _name, _names, _ranks, _what in _RANKED:
+    implements(getattr(torch, _name), getattr(torch.Tensor, _name))(accepts_out(_ranked_product(_name, _names,
+                                                                                                _ranks, _what)))
 
 
 @implements(torch.inner, torch.Tensor.inner)
