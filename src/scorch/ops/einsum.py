@@ -43,7 +43,10 @@ def einsum(equation: str, *operands, format=None):
         return torch.einsum(equation, *operands)
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    if format is None and not config.auto_sparsify and not any(isinstance(x, SparseTensor) for x in operands):
+    for x in operands:   # (a loop: the usual call has a SparseTensor first, 0.3 us under any())
+        if isinstance(x, SparseTensor):
+            return _einsum(equation, operands, format, ())
+    if format is None and not config.auto_sparsify:
         if not any(map(is_torch_sparse, operands)):
             return torch.einsum(equation, *operands)
         try:   # torch.sparse operands alone: torch's result where torch computes one
