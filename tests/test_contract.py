@@ -254,3 +254,26 @@ def test_nn_init_fills_a_sparse_weights_pattern(fmt):
     with torch.no_grad():
         torch.nn.init.trunc_normal_(W, std=2.0, a=-0.5, b=0.5)
     assert bool((W.values().abs() <= 0.5).all())
+
+
+def test_reductions_take_out_and_huge_position_arrays_are_refused():
+    """sum / mean / amax / amin / prod / var / std / nansum / aminmax take torch's ``out=`` (a
+    TypeError before); CSR / CSC of a 10^9-row hypersparse matrix (a 4 GB position array whatever
+    it stores) is refused with the formats that fit, which still convert."""
+    d = torch.tensor([[0.0, 1.5, 0.0], [2.0, 0.0, -3.0]])
+    A = scorch.as_sparse(d, "csr")
+    for op in (torch.sum, torch.mean, torch.amax, torch.amin, torch.prod, torch.var, torch.std, torch.nansum):
+        got, want = torch.empty(0), torch.empty(0)
+        assert op(A, 1, out=got) is got
+        op(d, 1, out=want)
+        torch.testing.assert_close(got, want)
+    got = (torch.empty(0), torch.empty(0))
+    torch.aminmax(A, dim=0, out=got)
+    for g, w in zip(got, torch.aminmax(d, dim=0)):
+        torch.testing.assert_close(g, w)
+    n = 10 ** 9
+    H = scorch.from_coo([[0, 5, n - 1], [1, 7, 3]], [1.0, 2.0, 3.0], (n, n), format="dcsr")
+    for fmt in ("csr", "csc"):
+        with pytest.raises(NotImplementedError, match="position array of 1000000001 entries"):
+            H.asformat(fmt)
+    assert H.asformat("coo").nnz == H.asformat("dcsc").nnz == 3

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from . import convert
-from .errors import ScorchTypeError, ScorchValueError
+from .errors import NotSupportedError, ScorchTypeError, ScorchValueError
 from .format import Format, bsc_format, bsr_format, resolve
 from .tensor import SparseTensor
 
@@ -218,6 +218,27 @@ def _check_coords(idx: torch.Tensor, shape: tuple, arg: str) -> None:
 def _check_blocks(fmt: Format, shape) -> None:
     if fmt.block and any(s % b for s, b in zip(shape, fmt.block)):
         raise ScorchValueError(f"format {fmt}: block size {fmt.block} does not divide shape {tuple(shape)}")
+    check_position_array(fmt, shape)
+
+
+def check_position_array(fmt: Format, shape) -> None:
+    """Refuse a format whose first compressed level has a position array of the dense levels
+    above it -- CSR of a 10^9-row matrix: 4 GB whatever it stores -- past
+    ``config.dense_fallback_max_bytes`` (a DCSR / DCSC or COO stores only what is there)."""
+    from . import config
+    limit, count = config.dense_fallback_max_bytes, 1
+    if limit is None:
+        return
+    for level, size in zip(fmt.levels, fmt.level_sizes(shape)):
+        if level.kind == "dense":
+            count *= size
+            continue
+        if level.kind == "compressed" and count > 1 << 24 and 4 * (count + 1) > limit:   # (small ones: free)
+            raise NotSupportedError(f"format {fmt} of shape {tuple(shape)}: its compressed level needs a position "
+                                    f"array of {count + 1} entries, over scorch.config.dense_fallback_max_bytes "
+                                    f"= {limit / 2**30:.1f} GiB; a format compressing the outer dims (dcsr, dcsc, "
+                                    "coo) stores only what is there")
+        return
 
 
 def validate_storage(fmt: Format, shape, pos, crd, values, *, arg: str = "storage") -> None:

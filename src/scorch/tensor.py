@@ -281,6 +281,9 @@ class SparseTensor(torch.Tensor):
         if fmt.block and any(s % b for s, b in zip(self._shape, fmt.block)):
             raise ScorchValueError(f"asformat: format {fmt}: block size {fmt.block} does not divide shape "
                                    f"{tuple(self._shape)}")
+        if fmt != self._format:
+            from .interop import check_position_array
+            check_position_array(fmt, self._shape)
         want = index_dtype if index_dtype is not None else self.index_dtype
         if fmt == self._format:
             if want == self.index_dtype:

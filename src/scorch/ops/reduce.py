@@ -73,6 +73,7 @@ def _group(coords, shape, dims):
 
 
 @implements(torch.sum, torch.Tensor.sum)
+@accepts_out
 def sum_(x, dim=None, keepdim=False, *, dtype=None):
     if not x.dtype.is_floating_point and not x.dtype.is_complex:
         # bool / integer values: summed exactly in float64 (up to 2**53), as int64 like torch's
@@ -99,6 +100,7 @@ def sparse_sum(x, dim=None, dtype=None):
 
 
 @implements(torch.mean, torch.Tensor.mean)
+@accepts_out
 def mean(x, dim=None, keepdim=False, *, dtype=None):
     if not (x.dtype.is_floating_point or dtype is not None):
         raise ScorchTypeError(f"mean: needs a floating dtype, got {x.dtype} (pass dtype=)")
@@ -154,11 +156,13 @@ def _extreme(x, dim, keepdim, op: str):
 
 
 @implements(torch.amax, torch.Tensor.amax)
+@accepts_out
 def amax(x, dim=(), keepdim=False):
     return _extreme(x, dim, keepdim, "amax")
 
 
 @implements(torch.amin, torch.Tensor.amin)
+@accepts_out
 def amin(x, dim=(), keepdim=False):
     return _extreme(x, dim, keepdim, "amin")
 
@@ -400,6 +404,7 @@ def nonzero(input, *, as_tuple=False):
 # ------------------------------------------------------------------ var / std / diagonal / trace
 
 @implements(torch.var, torch.Tensor.var)
+@accepts_out
 def var(input, dim=None, *, correction=1, keepdim=False, unbiased=None):
     """Variance over ``dim`` (absent entries are zeros), two passes over the stored values: the
     means, then the squared deviations of the stored values plus those of the absent zeros
@@ -419,6 +424,7 @@ def var(input, dim=None, *, correction=1, keepdim=False, unbiased=None):
 
 
 @implements(torch.std, torch.Tensor.std)
+@accepts_out
 def std(input, dim=None, *, correction=1, keepdim=False, unbiased=None):
     return var(input, dim, correction=correction, keepdim=keepdim, unbiased=unbiased).sqrt()
 
@@ -518,6 +524,7 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
 
 
 @implements(torch.prod, torch.Tensor.prod)
+@accepts_out
 def prod(input, dim=None, keepdim=False, *, dtype=None):
     """Product over ``dim`` (int or None): the stored values' product where a fibre is full, 0
     where it holds an implicit zero; bool / integer values multiply as int64, as torch's do."""

@@ -26,6 +26,7 @@ def _without_nan(x: SparseTensor) -> SparseTensor:
 
 
 @implements(torch.nansum, torch.Tensor.nansum)
+@accepts_out
 def nansum(input, dim=None, keepdim=False, *, dtype=None):
     """The sum with NaNs taken as zero."""
     return sum_(_without_nan(input), dim, keepdim, dtype=dtype)
@@ -65,6 +66,7 @@ def logsumexp(input, dim, keepdim=False):
 
 
 @implements(torch.aminmax)
+@accepts_out
 def aminmax(input, *, dim=None, keepdim=False):
     d = () if dim is None else dim
     return torch.return_types.aminmax((amin(input, d, keepdim), amax(input, d, keepdim)))
