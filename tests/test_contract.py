@@ -277,3 +277,38 @@ def test_reductions_take_out_and_huge_position_arrays_are_refused():
         with pytest.raises(NotImplementedError, match="position array of 1000000001 entries"):
             H.asformat(fmt)
     assert H.asformat("coo").nnz == H.asformat("dcsc").nnz == 3
+
+
+def test_argument_checks_found_by_the_last_sweep():
+    """Generators, Format, explain, to_sparse_bsr, rearrange and the command lines refuse what they
+    cannot honour (each of these silently did something else or died in a traceback)."""
+    from scorch import datasets, dense, compressed, Format, Level
+    from scorch import demo
+    from scorch.bench.__main__ import main as bench_main
+    for call, msg in [(lambda: datasets.rmat(4, -5), "nnz must be an int >= 0"),
+                      (lambda: datasets.rmat(4, 10, a=2.0), "a must be a probability"),
+                      (lambda: datasets.rmat(4, 10, a=0.6, b=0.3, c=0.3), "a \\+ b \\+ c must be at most 1"),
+                      (lambda: datasets.uniform_random(0, 5), "n must be an int >= 1"),
+                      (lambda: scorch.formats.csr.permuted((0, 0)), "perm must be a permutation"),
+                      (lambda: Format([dense, compressed], order=(0.5, 1)), "order must hold ints"),
+                      (lambda: Format([dense, compressed, dense, dense], block=(True, 2)), "block must hold ints"),
+                      (lambda: Level("dense", ordered="no"), "ordered must be True or False"),
+                      (lambda: scorch.explain("ij,jk->ik", scorch.as_sparse(torch.eye(2)), torch.ones(2, 2),
+                                              format="bogus"), "unknown format name 'bogus'")]:
+        with pytest.raises((ValueError, TypeError), match=msg):
+            call()
+    A = scorch.as_sparse(torch.randn(4, 4), "csr")
+    assert A.to_sparse_bsr(2).format == scorch.formats.bsr(2, 2)
+    assert scorch.rearrange(torch.arange(6.0), "seq -> seq").shape == (6,)   # 1-d: einops' one axis named seq
+    assert scorch.rearrange(torch.ones(2, 3), "bd -> bnd", n=4).shape == (2, 4, 3)   # else letters, as before
+    saved, scorch.config.dispatch = scorch.config.dispatch, "dense"
+    try:
+        Q = torch.randn(4, 3)
+        assert scorch.explain("ij,ik,jk->ij", A, Q, Q).output_format.startswith("dense")
+        assert type(scorch.einsum("ij,ik,jk->ij", A, Q, Q)) is torch.Tensor
+    finally:
+        scorch.config.dispatch = saved
+    for run, argv in [(demo.main, ["--features", "-3"]), (demo.main, ["--graph", "nope"]),
+                      (bench_main, ["--repeat", "0"]), (bench_main, ["--plot", "out.txt"])]:
+        with pytest.raises(SystemExit):
+            run(argv)

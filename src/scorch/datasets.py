@@ -88,6 +88,12 @@ def _read_npz(path, name) -> Graph:
 def rmat(scale: int, nnz: int, *, a=0.57, b=0.19, c=0.19, seed: int = 0) -> Graph:
     """R-MAT power-law graph on ``2**scale`` nodes with about ``nnz`` distinct directed
     edges (duplicates and self-loops dropped), deterministic for a seed."""
+    scale, nnz = _check_int("rmat", "scale", scale, 1), _check_int("rmat", "nnz", nnz)
+    for name, p in (("a", a), ("b", b), ("c", c)):
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+            raise ScorchValueError(f"rmat: {name} must be a probability in [0, 1], got {p!r}")
+    if a + b + c > 1:
+        raise ScorchValueError(f"rmat: a + b + c must be at most 1 (d = 1 - a - b - c), got {a + b + c}")
     g = torch.Generator().manual_seed(seed)
     n = 2 ** scale
     want = int(nnz * 1.15) + 16  # oversample: duplicates are dropped
@@ -107,6 +113,7 @@ def rmat(scale: int, nnz: int, *, a=0.57, b=0.19, c=0.19, seed: int = 0) -> Grap
 
 def uniform_random(n: int, nnz: int, *, seed: int = 0) -> Graph:
     """Erdos-Renyi-like graph: about ``nnz`` distinct uniformly random edges on ``n`` nodes."""
+    n, nnz = _check_int("uniform_random", "n", n, 1), _check_int("uniform_random", "nnz", nnz)
     g = torch.Generator().manual_seed(seed)
     key = torch.unique(torch.randint(0, n * n, (int(nnz * 1.05) + 16,), generator=g))
     key = key[torch.randperm(key.numel(), generator=g)[:nnz]]

@@ -64,8 +64,12 @@ def main(argv=None) -> int:
     ap.add_argument("--graph", default="cora", help="a graph name in $SCORCH_DATA, or an .npz path (default: shipped cora)")
     ap.add_argument("--features", type=int, default=64, help="feature width of X in A @ X")
     args = ap.parse_args(argv)
-
-    g = load_graph(args.graph)
+    if args.features < 1:
+        ap.error(f"--features: expected a positive int, got {args.features}")
+    try:
+        g = load_graph(args.graph)
+    except (ValueError, OSError) as e:
+        ap.error(f"--graph: {e}")
     n, nnz = g.num_nodes, g.edge_index.shape[1]
     print(f"scorch {scorch_version} demo: {g.name} graph, {n:,} nodes, {nnz:,} directed edges "
           f"(torch {torch.__version__}, {torch.get_num_threads()} threads)")

@@ -41,6 +41,15 @@ __all__ = ["Level", "Format", "dense", "compressed", "singleton", "padded", "res
 _KINDS = ("dense", "compressed", "singleton", "padded")
 
 
+def _ints(name: str, values) -> tuple:
+    """``values`` as a tuple of ints (bools and floats refused: ``order=(0.5, 1)`` is no order)."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise ScorchTypeError(f"Format: {name} must be a sequence of ints, got {values!r}")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ScorchTypeError(f"Format: {name} must hold ints, got {tuple(values)!r}")
+    return tuple(int(v) for v in values)
+
+
 @dataclass(frozen=True)
 class Level:
     """One level of a format.
@@ -56,6 +65,9 @@ class Level:
     def __post_init__(self):
         if self.kind not in _KINDS:
             raise ScorchValueError(f"Level: kind must be one of {_KINDS}, got {self.kind!r}")
+        for flag in ("ordered", "unique"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ScorchTypeError(f"Level: {flag} must be True or False, got {getattr(self, flag)!r}")
         if self.kind == "dense" and not (self.ordered and self.unique):
             raise ScorchValueError("Level: a dense level is always ordered and unique")
         if self.kind == "padded" and not self.unique:
@@ -131,13 +143,13 @@ class Format:
         for k, lv in enumerate(levels):
             if not isinstance(lv, Level):
                 raise ScorchTypeError(f"Format: levels[{k}] must be a Level, got {lv!r}")
-        order = tuple(range(len(levels))) if self.order is None else tuple(int(o) for o in self.order)
+        order = tuple(range(len(levels))) if self.order is None else _ints("order", self.order)
         if sorted(order) != list(range(len(levels))):
             raise ScorchValueError(
                 f"Format: order must be a permutation of 0..{len(levels) - 1}, got {tuple(self.order)}")
         block = self.block
         if block is not None:
-            block = tuple(int(b) for b in block)
+            block = _ints("block", block)
             if 2 * len(block) != len(levels):
                 raise ScorchValueError(
                     f"Format: a block split of {len(block)} dims needs {2 * len(block)} levels "
@@ -186,7 +198,10 @@ class Format:
 
     def permuted(self, perm: Sequence[int]) -> "Format":
         """The format of this tensor's storage seen as ``x.permute(perm)`` (no data moves)."""
-        return _permuted(self, tuple(perm))
+        perm = _ints("permuted: perm", perm)
+        if sorted(perm) != list(range(self.ndim)):
+            raise ScorchValueError(f"Format.permuted: perm must be a permutation of 0..{self.ndim - 1}, got {perm}")
+        return _permuted(self, perm)
 
     def _permuted(self, perm: tuple) -> "Format":
         n = self.ndim

@@ -442,7 +442,9 @@ class SparseTensor(torch.Tensor):
             raise ScorchValueError(f"to_sparse: layout must be a torch sparse layout, got {layout!r}")
         name = names[layout]
         if name in ("bsr", "bsc"):
-            if blocksize is None or len(tuple(blocksize)) != 2:
+            if isinstance(blocksize, int) and not isinstance(blocksize, bool):   # torch's: (b, b)
+                blocksize = (blocksize, blocksize)
+            if blocksize is None or not isinstance(blocksize, (tuple, list, torch.Size)) or len(blocksize) != 2:
                 raise ScorchValueError(f"to_sparse: layout {layout} needs blocksize=(rows, cols), got {blocksize!r}")
             from .format import bsc_format, bsr_format
             return self.asformat((bsr_format if name == "bsr" else bsc_format)(*blocksize))

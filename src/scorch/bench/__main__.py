@@ -43,6 +43,16 @@ def _progress(total):
         return None
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
+    return value
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scorch.bench", description="scorch benchmark suite")
     ap.add_argument("--quick", action="store_true", help="small sizes, few repeats (< 2 min on 2 cores)")
@@ -51,13 +61,15 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default=default_data(), help="directory of the real graphs (.npz)")
     ap.add_argument("--only", nargs="+", metavar="NAME", choices=sorted(WORKLOADS),
                     help=f"run only these workloads ({', '.join(WORKLOADS)})")
-    ap.add_argument("--repeat", type=int, default=None, help="timed rounds per case (default 5 quick, 15 full)")
+    ap.add_argument("--repeat", type=_positive, default=None, help="timed rounds per case (default 10 quick, 20 full)")
     ap.add_argument("--dense-kernels", choices=("auto", "compiled", "torch"), default="auto",
                     help="the dense x @ W^T inside scorch's layers: the faster of scorch's generated kernel and "
                          "torch's, measured per shape (auto, default), or one of them always; 'torch' shows "
                          "what the sparse kernels alone gain (scorch.config.dense_kernels)")
     add_malloc_option(ap)
     args = ap.parse_args(argv)
+    if args.plot and not args.plot.lower().endswith((".png", ".pdf", ".svg")):
+        ap.error(f"--plot: expected a .png, .pdf or .svg file name, got {args.plot!r}")   # before the run, not after
     malloc = apply_malloc_option(args)
 
     scorch.config.dispatch = "sparse"       # measure scorch's kernels, never the runtime's switch to dense

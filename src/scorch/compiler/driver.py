@@ -20,7 +20,7 @@ import torch
 from .. import convert
 from .._dispatch import broadcast_shapes
 from ..errors import InternalError, NotSupportedError, ScorchTypeError, ScorchValueError
-from ..format import preset
+from ..format import preset, resolve
 from ..interop import as_sparse, from_torch, is_sparse
 from ..tensor import SparseTensor
 from . import build, codegen, compact
@@ -255,6 +255,8 @@ def explain(equation: str, *operands, format=None) -> Plan:
         out = "dcsr" if any(c in present for c in ein.output[:-1]) else "csr"
         plan = dataclasses.replace(plan, notes=plan.notes + (compact.note(wide, present, ein),),
                                    output_format=f"sparse, {out} assembled over the coordinates present")
+    if format not in (None, "dense"):
+        resolve(format, len(ein.output), arg="einsum: format")   # einsum refuses what it cannot build: so here
     if format not in (None, "dense") and f", {format}" not in plan.output_format:   # _finish converts the result
         plan = dataclasses.replace(plan, output_format=f"{plan.output_format}; then converted to {format} (format=)")
     if not build.have_compiler():

@@ -217,7 +217,10 @@ def explain(equation: str, *operands, format=None):
     equation, operands = _diagonals(equation, tuple(operands))   # as einsum runs it: diagonals first
     plan = driver.explain(equation, *operands, format=format)
     d = decision(equation, operands, format)
-    return dataclasses.replace(plan, dispatch=f"{d.path} ({d.reason})")
+    plan = dataclasses.replace(plan, dispatch=f"{d.path} ({d.reason})")
+    if d.path == "dense" and format is None:   # torch.einsum on the densified operands runs instead
+        plan = dataclasses.replace(plan, output_format="dense (torch.einsum on dense copies of the operands)")
+    return plan
 
 
 implements(torch.einsum)(einsum)

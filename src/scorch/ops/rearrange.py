@@ -11,7 +11,9 @@ stands for the dims no name covers.  Two spellings:
 
 * spaced (einops): ``"b d -> b n d"``, ``"(b n) d -> b n d"``, ``"b h w -> b w h"``;
 * compact (the Scorch seed): ``"bd->bnd"`` -- when neither side contains
-  whitespace, parentheses or anything but letters, every letter is one axis.
+  whitespace, parentheses or anything but letters, every letter is one axis
+  (``"bd -> bnd"`` too); for a 1-d input a one-word side is one axis, as einops
+  reads ``"seq -> seq"``.
 
 Sizes: an axis in a left group is inferred from the input when it is the only
 axis of its group without a size in ``**sizes``.  An axis only on the right
@@ -50,15 +52,17 @@ class Pattern:
 
 # ================================================================ parsing (pure)
 
-def parse_pattern(pattern: str) -> Pattern:
-    """Parse ``"<left> -> <right>"`` (spaced or compact form, see the module docstring)."""
+def parse_pattern(pattern: str, ndim: int | None = None) -> Pattern:
+    """Parse ``"<left> -> <right>"`` (spaced or compact form, see the module docstring; ``ndim``:
+    the input's, which settles a one-word left side)."""
     if not isinstance(pattern, str):
         raise ScorchTypeError(f"rearrange: pattern must be a str, got {type(pattern).__name__}")
     sides = pattern.split("->")
     if len(sides) != 2:
         raise ScorchValueError(f"rearrange: pattern {pattern!r} must contain '->' exactly once")
     left, right = (s.strip() for s in sides)
-    compact = all(s.isascii() and s.isalpha() for s in (left, right) if s)
+    compact = all(s.isascii() and s.isalpha() for s in (left, right) if s) \
+        and not (ndim == 1 and len(left) > 1 and " " in pattern)   # "seq -> seq": einops' one axis
     parse = _parse_compact if compact else _parse_spaced
     lhs, rhs = parse(left, pattern), parse(right, pattern)
     if any(isinstance(g, tuple) and ELLIPSIS in g for g in lhs):
@@ -199,7 +203,7 @@ def plan(pattern: str, shape, sizes: dict) -> _Plan:
     """Resolve every axis size of ``pattern`` for an input of ``shape``."""
     shape = tuple(int(s) for s in shape)
     try:
-        pat = parse_pattern(pattern)
+        pat = parse_pattern(pattern, len(shape))
     except ScorchValueError as e:
         raise ScorchValueError(f"{e} (input shape {shape})") from None
     lhs, rhs = _expand_ellipsis(pat, len(shape), pattern, shape)
