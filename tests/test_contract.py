@@ -312,3 +312,23 @@ def test_argument_checks_found_by_the_last_sweep():
                       (bench_main, ["--repeat", "0"]), (bench_main, ["--plot", "out.txt"])]:
         with pytest.raises(SystemExit):
             run(argv)
+
+
+def test_a_sparse_operand_broadcasts_its_size_one_dims():
+    """einsum broadcasts a sparse operand's size-1 dims as torch.einsum does (it raised; ``A * B``
+    broadcast already), gradients summed back into its pattern."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.tensor([[1.0, 0.0, 2.0, 0.0]])
+    b = torch.randn(3, 4, generator=g) * (torch.rand(3, 4, generator=g) < 0.6)
+    A, B = scorch.as_sparse(a, "csr"), scorch.as_sparse(b, "coo")
+    c = torch.randn(1, 3, 4, generator=g) * (torch.rand(1, 3, 4, generator=g) < 0.5)
+    X = torch.randn(2, 4, 5, generator=g)
+    for eq, ops, dense_ops in [("ij,ij->ij", (A, B), (a, b)), ("ij,ij->i", (A, b), (a, b)),
+                               ("bij,bjk->bik", (scorch.as_sparse(c, "csf"), X), (c, X))]:
+        got = scorch.einsum(eq, *ops)
+        got = got.to_dense() if isinstance(got, scorch.SparseTensor) else got
+        torch.testing.assert_close(got, torch.einsum(eq, *dense_ops))
+    assert scorch.explain("ij,ij->i", A, b).loop_order
+    Ag = A.clone().requires_grad_()
+    scorch.einsum("ij,ij->", Ag, b).backward()
+    torch.testing.assert_close(Ag.grad.to_dense(), b.sum(0, keepdim=True) * (a != 0))

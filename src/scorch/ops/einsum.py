@@ -72,6 +72,11 @@ def _einsum(equation: str, operands, format, init):
         out = operands[0].permute(perm)  # "ij->ji": a sparse transpose, not a scatter into a dense result
         return driver._finish(out, out._values.dtype, format)
     key = driver._signature(equation, format, operands, init)  # once per call: dispatch and kernel caches
+    for x in operands:   # a size-1 dim of a sparse operand may broadcast (a loop: ~0.1 us; a second
+        if type(x) is SparseTensor and 1 in x._shape:   # lookup of the long key costs more)
+            operands = _broadcast_sparse(equation, operands)
+            key = driver._signature(equation, format, operands, init)
+            break
     if _dense_path(equation, operands, format, key):
         dense = [x.to_dense() if isinstance(x, SparseTensor) else x for x in driver._operands(operands)]
         common = functools.reduce(torch.promote_types, [x.dtype for x in dense])
@@ -81,6 +86,17 @@ def _einsum(equation: str, operands, format, init):
     if torch.is_grad_enabled() and _any_requires_grad(tensors):
         return _Einsum.apply(equation, format, len(init), *driver._operands(operands), *init)
     return driver.run(key, equation, operands, format, init)
+
+
+def _broadcast_sparse(equation: str, operands: tuple) -> tuple:
+    """The sparse operands whose size-1 dims meet a larger size of the same index expanded to it
+    (their entries repeated, as ``A * B`` broadcasts); the kernels index every dim by its size."""
+    ein = parse(equation, [tuple(x.shape) for x in operands])
+    out = []
+    for t, x in zip(ein.inputs, operands):
+        want = tuple(ein.size[c] for c in t)
+        out.append(x.expand(want) if isinstance(x, SparseTensor) and tuple(x.shape) != want else x)
+    return tuple(out)
 
 
 _REPEATS: dict = {}  # equation -> (operands repeating an index: (k, term, its distinct letters), rewritten)
@@ -215,6 +231,8 @@ def explain(equation: str, *operands, format=None):
         operands = tuple(operands[0])
     operands = runtime.maybe_sparsify(operands)
     equation, operands = _diagonals(equation, tuple(operands))   # as einsum runs it: diagonals first
+    if any(type(x) is SparseTensor and 1 in x._shape for x in operands):
+        operands = _broadcast_sparse(equation, operands)
     plan = driver.explain(equation, *operands, format=format)
     d = decision(equation, operands, format)
     plan = dataclasses.replace(plan, dispatch=f"{d.path} ({d.reason})")
