@@ -168,9 +168,8 @@ def _in_graph(A: SparseTensor, coords: torch.Tensor, values: torch.Tensor) -> Sp
     """``A`` (built from ``values`` detached) holding ``values`` -- which require grad -- summed
     into the stored position of each coordinate, so that gradients reach them (as torch's
     ``to_sparse`` and ``sparse_coo_tensor`` keep the graph)."""
-    from .ops._pattern import _lookup
-    numbered = A._like(values=torch.arange(1, A._values.numel() + 1, dtype=torch.float64), nnz=A._stored)
-    at = _lookup(numbered, coords.to(torch.int64)).long() - 1
+    from .ops._pattern import positions
+    at = positions(A, coords)
     kept = at >= 0   # (a conversion that dropped an explicit zero)
     vals = torch.zeros(A._values.numel(), dtype=A.dtype).index_add(0, at[kept], values[kept].to(A.dtype))
     return A.with_values(vals)

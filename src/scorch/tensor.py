@@ -278,12 +278,9 @@ class SparseTensor(torch.Tensor):
 
         ``index_dtype=None`` keeps the current index width when it can hold the result."""
         fmt = resolve(format, self.dim())
-        if fmt.block and any(s % b for s, b in zip(self._shape, fmt.block)):
-            raise ScorchValueError(f"asformat: format {fmt}: block size {fmt.block} does not divide shape "
-                                   f"{tuple(self._shape)}")
-        if fmt != self._format:
-            from .interop import check_position_array
-            check_position_array(fmt, self._shape)
+        if fmt != self._format:   # blocks that divide the shape, a position array that fits
+            from .interop import _check_blocks
+            _check_blocks(fmt, self._shape)
         want = index_dtype if index_dtype is not None else self.index_dtype
         if fmt == self._format:
             if want == self.index_dtype:
@@ -670,11 +667,8 @@ def _bind_matmul():
 
 def _within(s: SparseTensor, x: SparseTensor) -> bool:
     """Whether every entry ``s`` stores is a position ``x`` stores (both in one format)."""
-    from .ops._pattern import _lookup
-    if s._stored > x._stored:
-        return False
-    numbered = x._like(values=torch.arange(1, x._values.numel() + 1, dtype=torch.float64), nnz=x._stored)
-    return bool((_lookup(numbered, s.coo()[0]) > 0).all())
+    from .ops._pattern import positions
+    return s._stored <= x._stored and bool((positions(x, s.coo()[0]) >= 0).all())
 
 
 def _wrap_dim(d, n: int, op: str) -> int:

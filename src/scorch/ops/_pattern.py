@@ -41,15 +41,18 @@ def project(g, x: SparseTensor, at=None) -> torch.Tensor:
     if not coords.shape[1]:
         return out
     if tracked:   # g's values by position, so that the read stays in the graph
-        numbered = g.detach()._like(values=torch.arange(1, g._values.numel() + 1, dtype=torch.float64),
-                                    nnz=g._stored)
-        pos = _lookup(numbered, coords).long() - 1
+        pos = positions(g, coords)
         out[where] = torch.where(pos >= 0, g.values()[pos.clamp(min=0)], torch.zeros((), dtype=g.dtype))
     elif isinstance(g, SparseTensor):
         out[where] = _lookup(g, coords)
     else:
         out[where] = g[tuple(coords)]
     return out
+
+
+def positions(x: SparseTensor, coords: torch.Tensor) -> torch.Tensor:
+    """Each coordinate's position in ``x.values()``, -1 where ``x`` stores nothing there."""
+    return _lookup(x._positions(), coords.to(torch.int64)).long() - 1
 
 
 def in_pattern(x: SparseTensor, values: torch.Tensor) -> SparseTensor:

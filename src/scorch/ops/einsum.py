@@ -47,12 +47,11 @@ def einsum(equation: str, *operands, format=None):
         if isinstance(x, SparseTensor):
             return _einsum(equation, operands, format, ())
     if format is None and not config.auto_sparsify:
-        if not any(map(is_torch_sparse, operands)):
-            return torch.einsum(equation, *operands)
-        try:   # torch.sparse operands alone: torch's result where torch computes one
+        try:   # torch.sparse operands alone: torch's result where torch computes one, else scorch's
             return torch.einsum(equation, *operands)
         except (RuntimeError, NotImplementedError):
-            pass
+            if not any(map(is_torch_sparse, operands)):
+                raise
     return _einsum(equation, operands, format, ())
 
 

@@ -136,7 +136,7 @@ def _identity(dtype: torch.dtype, op: str):
 
 
 def _extreme(x, dim, keepdim, op: str):
-    dims = _dims(dim if dim != () else None, x.dim(), op)
+    dims = _dims(dim, x.dim(), op)
     key, n, fibre, vals = _fibres(x, dims)
     if fibre == 0:
         raise ScorchValueError(f"{op}: cannot reduce over a zero-size dim of a tensor of shape {tuple(x.shape)}")
