@@ -22,13 +22,11 @@ the schedule to :class:`~scorch.sparsify.SparsityBuilder`: one mechanism rewrite
 
 from __future__ import annotations
 
-import difflib
-
 from torch import nn
 
 from .errors import ScorchTypeError, ScorchValueError
 from .format import Format, resolve
-from .sparsify import KeepAll, Sparsifier, SparsityBuilder
+from .sparsify import KeepAll, Sparsifier, SparsityBuilder, did_you_mean
 
 __all__ = ["create_schedule", "Schedule", "TensorSchedule"]
 
@@ -142,9 +140,8 @@ class Schedule:
             elif name in modules:
                 self._entries[name] = TensorSchedule(name, None)
             else:
-                close = difflib.get_close_matches(str(name), list(params) + list(modules), n=3)
-                hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-                raise ScorchValueError(f"schedule: the model has no parameter or submodule {name!r}{hint}")
+                raise ScorchValueError(f"schedule: the model has no parameter or submodule {name!r}"
+                                       f"{did_you_mean(name, list(params) + list(modules))}")
         return self._entries[name]
 
     def __iter__(self):

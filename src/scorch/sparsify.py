@@ -193,9 +193,8 @@ class SparsityBuilder:
         name or a :class:`~scorch.Format`)."""
         params = dict(self.model.named_parameters(remove_duplicate=False))
         if name not in params:
-            close = difflib.get_close_matches(str(name), list(params), n=3)
-            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise ScorchValueError(f"SparsityBuilder.set_weight: the model has no parameter {name!r}{hint}")
+            raise ScorchValueError(f"SparsityBuilder.set_weight: the model has no parameter {name!r}"
+                                   f"{did_you_mean(name, params)}")
         sparsifier = _checked("set_weight", KeepAll() if initial_sparsifier is None else initial_sparsifier,
                               out_format)
         if isinstance(params[name], SparseTensor):
@@ -209,9 +208,8 @@ class SparsityBuilder:
         entries.  The next modules take the SparseTensor (scorch's ops)."""
         modules = dict(self.model.named_modules())
         if name not in modules or name == "":
-            close = difflib.get_close_matches(str(name), [m for m in modules if m], n=3)
-            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise ScorchValueError(f"SparsityBuilder.set_interm: the model has no submodule {name!r}{hint}")
+            raise ScorchValueError(f"SparsityBuilder.set_interm: the model has no submodule {name!r}"
+                                   f"{did_you_mean(name, [m for m in modules if m])}")
         self._interms[name] = (_checked("set_interm", sparsifier, out_format), out_format)
 
     def get_sparse_model(self) -> nn.Module:
@@ -235,6 +233,12 @@ class SparsityBuilder:
         for name, (sparsifier, fmt) in self._interms.items():
             model.get_submodule(name).register_forward_hook(_SparsifyOutput(name, sparsifier, fmt))
         return model
+
+
+def did_you_mean(name, names) -> str:
+    """``"; did you mean 'a', 'b'?"`` for the names closest to ``name`` (empty when none is close)."""
+    close = difflib.get_close_matches(str(name), list(names), n=3)
+    return f"; did you mean {', '.join(map(repr, close))}?" if close else ""
 
 
 def _checked(method: str, sparsifier, out_format) -> Sparsifier:
