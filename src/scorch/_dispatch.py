@@ -300,10 +300,7 @@ def dense_fallback(func, args, kwargs):
         raise NotSupportedError(
             f"{name}: writing into a SparseTensor in place is not supported; "
             "use the out-of-place op, or x.to_dense() first")
-    mode = config.dense_fallback
-    if mode not in config._FALLBACK_CHOICES:
-        raise ScorchValueError(
-            f"scorch.config.dense_fallback must be one of {config._FALLBACK_CHOICES}, got {mode!r}")
+    mode = config.dense_fallback   # (warn / silent / raise: scorch.config checks it when set)
     if mode == "raise":
         raise NotSupportedError(
             f"{name} has no sparse implementation and scorch.config.dense_fallback = 'raise'; "

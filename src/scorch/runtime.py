@@ -28,7 +28,6 @@ from dataclasses import dataclass
 import torch
 
 from . import config
-from .errors import ScorchValueError
 from .tensor import SparseTensor
 
 _CAL_VERSION = 1
@@ -93,11 +92,8 @@ def calibrate(n: int = 1024, k: int = 64, densities=(0.01, 0.03, 0.1, 0.2, 0.35,
 
 def dense_threshold() -> float:
     """The density from which dense kernels are used (``config.dense_threshold``, else calibrated)."""
-    if config.dense_threshold is not None:
-        t = float(config.dense_threshold)
-        if not 0.0 <= t <= 1.0:
-            raise ScorchValueError(f"scorch.config.dense_threshold must be in [0, 1] or None, got {t}")
-        return t
+    if config.dense_threshold is not None:   # (in [0, 1]: scorch.config checks it when set)
+        return float(config.dense_threshold)
     key = _machine_key()
     if key in _memo:
         return _memo[key]
@@ -139,9 +135,7 @@ def decide(ops, dense_result) -> Decision:
     """Sparse or dense execution for one call (``ops``: the operands as given;
     ``dense_result``: whether the sparse plan's result is dense, a bool or a callable
     asked only when the answer matters -- it may need a plan)."""
-    mode = config.dispatch
-    if mode not in ("auto", "sparse", "dense"):
-        raise ScorchValueError(f"scorch.config.dispatch must be 'auto', 'sparse' or 'dense', got {mode!r}")
+    mode = config.dispatch   # (one of auto / sparse / dense: scorch.config checks it when set)
     density = densest(ops)
     if density < 0:
         return Decision("dense", ("no sparse operand",))

@@ -21,13 +21,11 @@ import torch.nn.functional as F
 
 from .. import config
 from ..compiler import build, driver, permute
-from ..errors import ScorchValueError
 
 __all__ = ["linear", "choice"]
 
 _CHOICES: dict = {}     # (M, K, N, dtype, threads, bias) -> "compiled" | "torch"
 _MIN_WORK = 1 << 18     # smaller products are not worth a measurement (M * K * N)
-_MODES = ("auto", "compiled", "torch")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -52,9 +50,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def _eligible(x, weight, bias) -> bool:
-    mode = config.dense_kernels
-    if mode not in _MODES:
-        raise ScorchValueError(f"scorch.config.dense_kernels must be one of {_MODES}, got {mode!r}")
+    mode = config.dense_kernels   # (auto / compiled / torch: scorch.config checks it when set)
     if mode == "torch":
         return False
     dense = (torch.Tensor, torch.nn.Parameter)
