@@ -332,3 +332,19 @@ def test_a_sparse_operand_broadcasts_its_size_one_dims():
     Ag = A.clone().requires_grad_()
     scorch.einsum("ij,ij->", Ag, b).backward()
     torch.testing.assert_close(Ag.grad.to_dense(), b.sum(0, keepdim=True) * (a != 0))
+
+
+def test_like_constructors_honour_a_layout():
+    A = scorch.as_sparse(torch.tensor([[0.0, 2.0], [3.0, 0.0]]), "csr")
+    for f in (torch.zeros_like, torch.empty_like):
+        out = f(A, layout=torch.strided)
+        assert type(out) is torch.Tensor and out.shape == A.shape
+        out = f(A, layout=torch.sparse_coo)
+        assert out.layout == torch.sparse_coo and out._nnz() == 0 and out.shape == A.shape
+    assert torch.equal(torch.zeros_like(A, layout=torch.strided), torch.zeros(2, 2))
+    assert torch.equal(torch.empty_like(A, layout=torch.strided).fill_(5), torch.full((2, 2), 5.0))
+    kept = torch.zeros_like(A)
+    assert isinstance(kept, scorch.SparseTensor) and torch.equal(kept.to_dense(), torch.zeros(2, 2))
+    assert torch.equal(torch.ones_like(A, layout=torch.strided), torch.ones(2, 2))
+    with pytest.raises(ValueError, match="layout=torch.sparse_coo"):
+        torch.ones_like(A, layout=torch.sparse_coo)

@@ -312,6 +312,9 @@ def _dense_of_shape(make):
     """``ones_like`` and kin: the same value everywhere, or random numbers -- a dense tensor of
     ``x``'s shape by definition (zeros_like keeps the pattern instead)."""
     def like(x, *args, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, **kwargs):
+        if layout not in (None, torch.strided):   # torch cannot make these of a sparse layout either
+            raise ScorchValueError(f"{make.__name__}_like: layout={layout} is not supported for these values "
+                                   f"(they fill every position); expected None or torch.strided")
         return make(x.shape, *args, dtype=x.dtype if dtype is None else dtype, **kwargs)
     return like
 
@@ -323,7 +326,10 @@ for _op, _make in ((torch.ops.aten.ones_like.default, torch.ones), (torch.ops.at
 
 @implements_aten(torch.ops.aten.zeros_like.default)
 def _zeros_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    """Zeros in the same pattern: the same dense value as torch's, and it stays sparse."""
+    """Zeros in the same pattern: the same dense value as torch's, and it stays sparse; with a
+    ``layout=`` of torch's (``torch.strided``, ``torch.sparse_coo``...), torch's zeros of it."""
+    if layout is not None:
+        return torch.zeros(x.shape, dtype=x.dtype if dtype is None else dtype, layout=layout)
     return x._like(values=torch.zeros_like(x._values, dtype=dtype), nnz=x._stored)
 
 
@@ -344,7 +350,8 @@ def _unset(make):
     stored positions as a fill of a pattern does (an optimizer's or ``nn.init``'s)."""
     def empty(*args, **kwargs):
         out = make(*args, **kwargs)
-        out._unset = True
+        if type(out) is SparseTensor:   # (layout=torch.strided gave torch's own tensor)
+            out._unset = True
         return out
     return empty
 
