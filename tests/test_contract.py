@@ -348,3 +348,38 @@ def test_like_constructors_honour_a_layout():
     assert torch.equal(torch.ones_like(A, layout=torch.strided), torch.ones(2, 2))
     with pytest.raises(ValueError, match="layout=torch.sparse_coo"):
         torch.ones_like(A, layout=torch.sparse_coo)
+
+
+def test_pattern_changing_writes_reach_data_and_detach_aliases():
+    dense = torch.tensor([[1.0, 0.0, 2.0], [0.0, 0.0, 3.0]])
+    p = torch.nn.Parameter(scorch.as_sparse(dense, "csr"))
+    q = torch.tensor([[0.0, 5.0, 0.0], [6.0, 0.0, 0.0]])
+    with torch.no_grad():
+        p.data.copy_(scorch.as_sparse(q, "csr"))   # another pattern
+    assert torch.equal(p.detach().to_dense(), q)
+    p.data[0, 2] = 7.0                              # a position not stored: the pattern grows
+    q[0, 2] = 7.0
+    d = p.detach()
+    d[1, 1] = 9.0
+    q[1, 1] = 9.0
+    assert torch.equal(p.detach().to_dense(), q) and torch.equal(d.to_dense(), q) and p.nnz == 4
+    p.data.tril_()
+    assert torch.equal(p.detach().to_dense(), q.tril())
+    (p * 2).sum().backward()                        # the gradient takes the new pattern
+    assert torch.equal(p.grad.to_dense(), 2.0 * (q.tril() != 0))
+    other = scorch.as_sparse(dense, "csr")          # not an alias: untouched
+    copy = other.clone()
+    copy[1, 1] = 4.0
+    assert torch.equal(other.to_dense(), dense)
+
+
+def test_a_detached_result_does_not_keep_its_graph_alive():
+    import gc
+    import weakref
+    W = scorch.as_sparse(torch.eye(3), "csr").requires_grad_()
+    h = W * 2.0                       # a result with a graph (which h holds)
+    ref = weakref.ref(h)
+    kept = h.detach()
+    del h
+    gc.collect()
+    assert ref() is None and torch.equal(kept.to_dense(), 2.0 * torch.eye(3))

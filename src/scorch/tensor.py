@@ -118,6 +118,35 @@ class SparseTensor(torch.Tensor):
         self._format, self._shape = other._format, other._shape
         self._set_storage(other._pos, other._crd, other._values, other._stored)
 
+    def _restore(self, other: "SparseTensor") -> None:
+        """A write that changes the pattern (``copy_`` of another pattern, ``A[i, j] = v`` on a
+        position not stored): this tensor takes ``other``'s storage (same shape), and so does the
+        tensor it was detached from (``x.data``, ``x.detach()``: :attr:`_source`) while that one is
+        still on the storage this one had -- as a dense tensor's base sees a write into its storage.
+        (Only that way: an alias is not told of a write into its source.)"""
+        fmt, shape, before, src = self._format, self._shape, self._values, getattr(self, "_source", None)
+        self._become(other)
+        while src is not None:
+            if src._format != fmt or src._shape != shape or src._values.data_ptr() != before.data_ptr() \
+                    or src._values.numel() != before.numel():
+                self._source = None   # it went its own way: no longer an alias (nor kept alive by one)
+                return
+            fmt, shape, before, nxt = src._format, src._shape, src._values, getattr(src, "_source", None)
+            src._become(other._like(values=other._values.to(src._values.dtype), nnz=other._stored))
+            torch.autograd.graph.increment_version(src)
+            src = nxt
+
+    def _alias_of(self, source: "SparseTensor") -> "SparseTensor":
+        """Record that this tensor shares ``source``'s storage when ``source`` is a leaf (a
+        parameter's ``p.data``): a strong reference, as a view's to its base -- not to a result,
+        whose autograd graph it would keep alive (``h = h.detach()`` in a loop) -- and no weak
+        reference on ``source``, which ``torch.utils.swap_tensors`` refuses."""
+        with torch._C.DisableTorchFunctionSubclass():
+            leaf = source.grad_fn is None
+        if leaf:
+            self._source = source
+        return self
+
     def _count_nnz(self) -> int:
         if not any(lv.kind == "padded" for lv in self._format.levels):
             return self._values.numel()
@@ -512,13 +541,13 @@ class SparseTensor(torch.Tensor):
         return out.with_values(self.values().clone()) if self._needs_grad() else out
 
     def detach(self) -> "SparseTensor":
-        return self._like(values=self._values.detach(), nnz=self._stored)
+        return self._like(values=self._values.detach(), nnz=self._stored)._alias_of(self)
 
     def copy_(self, src, non_blocking: bool = False) -> "SparseTensor":
         """Take ``src``'s entries (its pattern too), in this tensor's format and dtype.  Into the
-        same pattern the values are written in place, so ``x.detach()`` / ``x.data`` aliases see
-        them (``p.data.copy_(q)``, an EMA update); another pattern gives this tensor new storage,
-        which an alias does not pass on to the tensor it came from (nor a view to its base)."""
+        same pattern the values are written in place; another pattern gives this tensor new
+        storage, and its ``x.detach()`` / ``x.data`` aliases too (``p.data.copy_(q)``, an EMA
+        update): :meth:`_restore`.  A view of another format (``x.t()``) keeps the old entries."""
         from .interop import as_sparse
         from .ops._pattern import project, same_pattern
         if not isinstance(src, torch.Tensor):   # a number: every position takes it (stored when not 0)
@@ -531,7 +560,7 @@ class SparseTensor(torch.Tensor):
         elif _within(s, self):   # (src's zeros at stored positions: 0 written there, in place)
             self._values.copy_(project(s, self))
         else:
-            self._set_storage(s._pos, s._crd, s._values.to(self.dtype), s._stored)
+            self._restore(s._like(values=s._values.to(self.dtype), nnz=s._stored))
         torch.autograd.graph.increment_version(self)
         return self
 

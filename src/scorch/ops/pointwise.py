@@ -395,7 +395,7 @@ def _every_position_if_unset(x: SparseTensor, only_if_empty: bool = False) -> No
         return
     if getattr(x, "_unset", False) and x._stored < math.prod(x._shape):
         n = len(x._shape)
-        x._become(SparseTensor(Format([dense] * n), x._shape, (None,) * n, (None,) * n,
+        x._restore(SparseTensor(Format([dense] * n), x._shape, (None,) * n, (None,) * n,
                                torch.zeros(math.prod(x._shape), dtype=x.dtype)))
 
 

@@ -620,7 +620,7 @@ def store_at(x: SparseTensor, at: torch.Tensor, values: torch.Tensor, name: str)
     last = torch.full((uniq.numel(),), -1, dtype=_I64).scatter_reduce(   # a written value wins over a stored one
         0, inverse, torch.arange(ids.numel(), dtype=_I64), "amax")
     every = torch.cat([coords, at[:, keep]], 1)[:, last]
-    x._become(rebuild(x._format, x._shape, every, torch.cat([x._values[where], values[keep]])[last], x.index_dtype))
+    x._restore(rebuild(x._format, x._shape, every, torch.cat([x._values[where], values[keep]])[last], x.index_dtype))
     torch.autograd.graph.increment_version(x)
 
 
@@ -840,7 +840,7 @@ def _triangle_(x, diagonal, lower: bool):
     if torch.is_grad_enabled() and x.requires_grad:
         raise NotSupportedError(f"{op}: rebuilding a SparseTensor that requires grad in place is not recorded by "
                                 f"autograd; use the out-of-place {op[:-1]}")
-    x._become(_triangle(x, diagonal, None, lower))
+    x._restore(_triangle(x, diagonal, None, lower))
     torch.autograd.graph.increment_version(x)
     return x
 
