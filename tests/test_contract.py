@@ -383,3 +383,23 @@ def test_a_detached_result_does_not_keep_its_graph_alive():
     del h
     gc.collect()
     assert ref() is None and torch.equal(kept.to_dense(), 2.0 * torch.eye(3))
+
+
+def test_var_past_its_degrees_of_freedom_and_alpha_keep_torchs_dtypes():
+    x = torch.tensor([[1.0, 0.0, 3.0], [0.0, 2.0, 5.0]])
+    A = scorch.as_sparse(x, "csr")
+    with pytest.warns(UserWarning, match="degrees of freedom"):
+        assert torch.equal(torch.var(A, dim=0, correction=2), torch.full((3,), float("inf")))
+    with pytest.warns(UserWarning):
+        torch.testing.assert_close(A.std(dim=1, correction=5), x.std(dim=1, correction=5))
+    xi, m = x.to(torch.int32), x != 0
+    Ai = scorch.as_sparse(xi, "csr")
+    out = torch.add(Ai, m, alpha=2)
+    assert out.dtype == torch.int32 and torch.equal(out.to_dense(), torch.add(xi, m, alpha=2))
+    Am = scorch.as_sparse(m, "coo")
+    assert torch.equal(torch.add(Am, Am, alpha=2).to_dense(), torch.add(m, m, alpha=2))
+    with pytest.raises(TypeError, match="alpha"):
+        torch.add(Ai, m, alpha=2.5)
+    with pytest.raises(TypeError, match="alpha"):
+        torch.add(A, x, alpha=True)
+    torch.testing.assert_close(torch.sub(A, x, alpha=0.5).to_dense(), torch.sub(x, x, alpha=0.5))

@@ -20,7 +20,7 @@ import torch
 from .._dispatch import as_torch_runs, broadcast_shapes, check_dense_size, densified, implements, write_out
 from ..compiler import driver
 from ..compiler.notation import Access, Op
-from ..errors import NotSupportedError
+from ..errors import NotSupportedError, ScorchTypeError
 from ..interop import from_torch, is_torch_sparse
 from ..tensor import SparseTensor
 from ._pattern import _lookup, in_pattern, project, same_pattern
@@ -106,10 +106,28 @@ def _op(op: str, func):
             return write_out(func.__name__, impl(a, b, alpha=alpha, **kw), out, densify=True)
         if kw.get("rounding_mode") is not None:
             return densified(func, (a, b), dict(kw, **({"alpha": alpha} if alpha != 1 else {})))
-        if alpha != 1:
-            b = b * alpha
+        if alpha != 1 or isinstance(alpha, bool):
+            b = _scaled(b, alpha, _result_dtype(a, b), func.__name__)
         return binary(op, a, b, func, (a, b), {})
     return impl
+
+
+def _result_dtype(a, b) -> torch.dtype:
+    """torch's result dtype of ``a (op) b`` (numbers and 0-d tensors promoting as torch's do)."""
+    proxy = lambda t: torch.empty(1, dtype=t.dtype) if isinstance(t, SparseTensor) else t  # noqa: E731
+    return torch.result_type(proxy(a), proxy(b))
+
+
+def _scaled(b, alpha, dtype: torch.dtype, name: str):
+    """``alpha * b`` in the result's ``dtype`` (alpha takes no part in the promotion, as in torch)."""
+    if not dtype.is_floating_point and not dtype.is_complex and isinstance(alpha, float):
+        raise ScorchTypeError(f"{name}: for integral input tensors, argument alpha must not be a floating point "
+                              f"number, got alpha={alpha!r}")
+    if isinstance(alpha, bool) and dtype != torch.bool:
+        raise ScorchTypeError(f"{name}: a boolean alpha is only supported for bool results, got alpha={alpha!r} "
+                              f"for a {dtype} result")
+    scaled = b * alpha
+    return scaled.to(dtype) if isinstance(scaled, torch.Tensor) and scaled.dtype != dtype else scaled
 
 
 for _sym, _func, _names in (("+", torch.add, ("add",)), ("-", torch.sub, ("sub", "subtract")),

@@ -17,6 +17,7 @@ generated kernel instead (:mod:`scorch.compiler.segments`).
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -419,7 +420,10 @@ def var(input, dim=None, *, correction=1, keepdim=False, unbiased=None):
     stored = torch.bincount(key, minlength=groups).to(vals.dtype)
     dev = vals - mean[key]
     squares = torch.zeros(groups, dtype=vals.dtype).index_add(0, key, dev * dev) + (n - stored) * mean * mean
-    out = squares / (n - correction) if n - correction > 0 else squares * float("nan")
+    if n - correction <= 0:   # as torch: divided by 0 (inf, NaN where every deviation is 0), warned
+        warnings.warn("var(): degrees of freedom is <= 0. Correction should be strictly less than the reduction "
+                      "factor (input numel divided by output numel).", stacklevel=3)
+    out = squares / max(n - correction, 0)
     return _shaped(out, input, dims, keepdim)
 
 
