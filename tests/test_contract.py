@@ -403,3 +403,28 @@ def test_var_past_its_degrees_of_freedom_and_alpha_keep_torchs_dtypes():
     with pytest.raises(TypeError, match="alpha"):
         torch.add(A, x, alpha=True)
     torch.testing.assert_close(torch.sub(A, x, alpha=0.5).to_dense(), torch.sub(x, x, alpha=0.5))
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "ell"])
+@pytest.mark.parametrize("opt", ["Adam", "SGD"])
+def test_optimizers_keep_training_a_parameter_whose_pattern_grew(fmt, opt):
+    """Adam's / momentum's state stays in the old pattern when an assignment grows the parameter's:
+    the next step's in-place updates add the new entries (oracle: the dense model masked by the
+    current pattern)."""
+    w = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]])
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    p, q = torch.nn.Parameter(scorch.as_sparse(w, fmt)), torch.nn.Parameter(w.clone())
+    make = (lambda ps: torch.optim.Adam(ps, lr=0.1)) if opt == "Adam" else \
+        (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+    op, oq = make([p]), make([q])
+    for step in range(3):
+        (x @ p.t()).pow(2).sum().backward()
+        (x @ q.t()).pow(2).sum().backward()
+        q.grad *= q.detach() != 0
+        op.step(), oq.step(), op.zero_grad(), oq.zero_grad()
+        if step == 0:
+            with torch.no_grad():
+                p[0, 1] = 5.0
+                q[0, 1] = 5.0
+    torch.testing.assert_close(p.detach().to_dense(), q.detach())
+    assert p.nnz == 4

@@ -285,20 +285,21 @@ def test_dense_fallback_refuses_a_copy_over_the_limit(x, monkeypatch):
         assert torch.equal(torch.fft.rfft(A), torch.fft.rfft(x))
 
 
-def test_in_place_ops_update_stored_values_or_refuse(x):
+def test_in_place_ops_update_stored_values_grow_or_refuse(x):
     A = scorch.as_sparse(x, "csr")
     A.mul_(2)  # same pattern: the stored values change in place
     assert torch.equal(A.to_dense(), 2 * x)
-    with pytest.raises(NotImplementedError, match="in place"):
-        A.add_(torch.ones_like(x))  # a dense operand would grow the pattern
+    C = A.clone()
+    assert C.add_(torch.ones_like(x)) is C   # a dense operand makes every entry nonzero: the pattern grows
+    assert torch.equal(C.to_dense(), 2 * x + 1) and C.nnz == x.numel()
     with pytest.raises(NotImplementedError, match="in place"):
         torch.cumsum(A, 0, out=A)  # a non-pointwise write into a SparseTensor
     assert torch.equal(A.to_dense(), 2 * x)
     B = scorch.as_sparse(x * (x > 0), "coo")   # a SparseTensor of another pattern: read as a dense operand
     A.mul_(B)
     assert torch.equal(A.to_dense(), 2 * x * x * (x > 0))
-    with pytest.raises(NotImplementedError, match="in place"):
-        A.add_(scorch.as_sparse(torch.ones_like(x), "csr"))
+    A.add_(scorch.as_sparse(torch.ones_like(x), "csr"))   # another pattern with more entries: they join
+    assert torch.equal(A.to_dense(), 2 * x * x * (x > 0) + 1)
 
 
 def test_empty_like_is_unset_so_a_fill_reaches_every_entry(x):

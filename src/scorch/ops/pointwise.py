@@ -7,9 +7,10 @@ others being scalars or 0-d tensors) runs on the stored values:
   ``threshold_backward``...): a SparseTensor with the same pattern;
   otherwise (``exp``, ``x + 1``) the result is dense by definition, computed densely;
 * in place (``add_``, ``mul_``, ``addcmul_``, ``lerp_``...): the stored values
-  are updated and the pattern stays fixed -- what optimizers need to update a
-  sparse ``nn.Parameter`` (an in-place op cannot grow the pattern, so where
-  ``f(0) != 0`` the absent entries stay absent).
+  are updated -- what optimizers need to update a sparse ``nn.Parameter``; a
+  scalar operand leaves the pattern as it is (``denom.add_(eps)``: where
+  ``f(0) != 0`` the absent entries stay absent), while the absent entries that
+  tensor operands make nonzero join the pattern (as an assignment's do).
 
 Because this sits below autograd, torch's own derivative formulas (themselves
 pointwise aten ops) run on SparseTensors too, and gradients keep the pattern.
@@ -239,7 +240,7 @@ def _in_place_with_dense(func, args, kwargs, x: SparseTensor):
     ``param.addcdiv_(grad, denom)`` with a dense ``denom``: the stored values updated, each dense
     operand read at the stored positions, when the op leaves every absent entry 0 (checked on
     the dense operands: 0 * mask, 0 / denom); where it would not (``A.add_(ones)``, a 0 / 0), the
-    result needs entries the pattern lacks, which an in-place op cannot add: that raises."""
+    entries it makes nonzero join the pattern first (explicit zeros, then the op)."""
     name = func.overloadpacket.__name__
     for a in leaves(args, kwargs):
         if isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor) and not _is_scalar(a) \
@@ -247,14 +248,17 @@ def _in_place_with_dense(func, args, kwargs, x: SparseTensor):
             raise NotSupportedError(f"{name}: in place on a SparseTensor of shape {tuple(x.shape)} needs dense "
                                     f"operands broadcastable to it, got shape {tuple(a.shape)}")
     entries = stored(x)   # the stored coordinates, read once for every dense operand and the check
-    stays = _absent_stay_zero(func, args, kwargs, x, entries)
-    if stays is None:
+    bad = _absent_nonzero(func, args, kwargs, x, entries)
+    if bad is None:
         raise NotSupportedError(f"{name}: in place on a SparseTensor with dense operands is not supported for this "
                                 "op; use the out-of-place op")
-    if not stays:
-        raise NotSupportedError(f"{name}: in place on a SparseTensor, this op with these dense operands makes "
-                                "entries the SparseTensor does not store nonzero, and an in-place op cannot add "
-                                "them to its pattern; use the out-of-place op")
+    if bad.numel():   # the op makes entries x does not store nonzero (Adam's state after its parameter grew):
+        from .shape import store_zeros_at   # they join the pattern, as a write's do (zeros, then the op)
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise NotSupportedError(f"{name}: in place on a SparseTensor that requires grad would add entries to "
+                                    "its pattern, which autograd does not record; use the out-of-place op")
+        store_zeros_at(x, bad, name)
+        entries = stored(x)
 
     def at(a):
         if isinstance(a, SparseTensor):
@@ -268,11 +272,11 @@ def _in_place_with_dense(func, args, kwargs, x: SparseTensor):
     return x
 
 
-def _absent_stay_zero(func, args, kwargs, x: SparseTensor, entries) -> bool | None:
-    """Whether the out-of-place form of in-place ``func`` gives 0 (not NaN) wherever ``x`` (and
-    so every SparseTensor operand, of its pattern) stores nothing: evaluated with the sparse
-    operands as zeros against the dense ones -- as much work as the dense operands hold.  None
-    when there is no out-of-place form to ask."""
+def _absent_nonzero(func, args, kwargs, x: SparseTensor, entries) -> torch.Tensor | None:
+    """The coordinates (``ndim x k``) of the entries ``x`` does not store where the out-of-place
+    form of in-place ``func`` gives nonzero or NaN: evaluated with the sparse operands (all of
+    ``x``'s pattern) as zeros against the dense ones -- as much work as the dense operands hold.
+    None when there is no out-of-place form to ask."""
     packet = getattr(torch.ops.aten, func.overloadpacket.__name__[:-1], None)
     if packet is None:
         return None
@@ -283,7 +287,10 @@ def _absent_stay_zero(func, args, kwargs, x: SparseTensor, entries) -> bool | No
         return None
     bad = (z != 0) | torch.isnan(z)   # the dense operands' shape: broadcast, each counts that often
     total = int(bad.sum()) * (math.prod(x._shape) // max(bad.numel(), 1))
-    return total == int(project(bad.expand(x.shape), x, entries).sum())   # every such position stored
+    if total == int(project(bad.expand(x.shape), x, entries).sum()):   # every such position stored
+        return torch.zeros((len(x._shape), 0), dtype=torch.int64)
+    check_dense_size(f"{func.overloadpacket.__name__} in place adds entries to a SparseTensor's pattern, and", [x])
+    return bad.expand(x.shape).nonzero().t()
 
 
 _SCATTER_ADD = {torch.ops.aten.add_.Tensor: 1, torch.ops.aten.sub_.Tensor: -1}

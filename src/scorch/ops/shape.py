@@ -833,6 +833,18 @@ def triu_(input, diagonal=0):
     return _triangle_(input, diagonal, lower=False)
 
 
+def store_zeros_at(x: SparseTensor, at: torch.Tensor, name: str) -> None:
+    """Store explicit zeros at the coordinates ``at`` (``ndim x k``, unique) that ``x`` does not
+    store (the others keep their values): the pattern an in-place op about to write there needs."""
+    coords, where = stored(x)
+    absent = ~torch.isin(ravel_coords(at, x._shape, at.shape[1]), ravel_coords(coords, x._shape, coords.shape[1]))
+    at = at[:, absent]
+    _check_store_size(x, at.shape[1], name)
+    values = torch.cat([x._values[where], torch.zeros(at.shape[1], dtype=x.dtype)])
+    x._restore(rebuild(x._format, x._shape, torch.cat([coords, at], 1), values, x.index_dtype))
+    torch.autograd.graph.increment_version(x)
+
+
 def _triangle_(x, diagonal, lower: bool):
     op = "tril_" if lower else "triu_"
     if not isinstance(x, SparseTensor):
