@@ -428,3 +428,38 @@ def test_optimizers_keep_training_a_parameter_whose_pattern_grew(fmt, opt):
                 q[0, 1] = 5.0
     torch.testing.assert_close(p.detach().to_dense(), q.detach())
     assert p.nnz == 4
+
+
+def test_writes_take_torchs_argument_forms():
+    d = torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=torch.float64)
+    A = scorch.as_sparse(d, "csr")
+    A[0, 0] = torch.tensor(7.0)                      # a 0-d value of another dtype: cast
+    ref = d.clone()
+    ref[0, 0] = 7.0
+    assert torch.equal(A.to_dense(), ref)
+    I = scorch.as_sparse(d.long(), "coo")
+    I[d != 0] = torch.tensor(7.5)
+    assert torch.equal(I.to_dense(), torch.tensor([[7, 0], [0, 7]]))
+    A.fill_(torch.tensor(3.0))                       # fill_ with a 0-d tensor
+    assert torch.equal(A.to_dense(), 3.0 * (d != 0))
+    with pytest.raises(ValueError, match="0-dimension"):
+        A.fill_(torch.ones(2))
+    assert torch.equal(torch.empty_like(A).detach().fill_(2).to_dense(), torch.full((2, 2), 2.0, dtype=torch.float64))
+    x = torch.arange(8.0).reshape(2, 2, 2)
+    B = scorch.as_sparse(x, "coo")
+    for f in (lambda t: t.flip(1, 2), lambda t: torch.flip(t, dims=(0,)), lambda t: t.tile(2, 1),
+              lambda t: torch.tile(t, dims=(2,))):
+        assert torch.equal(f(B).to_dense(), f(x))
+
+
+def test_copy_into_a_tensor_in_the_graph_is_refused():
+    A = scorch.as_sparse(torch.tensor([[1.0, 0.0], [0.0, 2.0]]), "csr").requires_grad_()
+    B = A * 2
+    with pytest.raises(NotImplementedError, match="not recorded by autograd"):
+        B.copy_(torch.ones(2, 2))                    # torch would rebase B's history onto the source
+    C = scorch.as_sparse(torch.eye(2), "csr")
+    with pytest.raises(NotImplementedError, match="not recorded by autograd"):
+        C.copy_(torch.ones(2, 2, requires_grad=True))
+    with torch.no_grad():
+        A.copy_(torch.ones(2, 2))                    # a parameter update
+    assert torch.equal(A.detach().to_dense(), torch.ones(2, 2))

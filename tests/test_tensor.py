@@ -236,8 +236,10 @@ def test_copy_into_sparse_takes_the_new_pattern(x):
     A = scorch.as_sparse(torch.zeros(6, 8), "csr")
     A.copy_(x)
     assert torch.equal(A.to_dense(), x) and A.nnz == int((x != 0).sum())
-    with pytest.raises(ValueError, match="copy_: src has shape"):
+    with pytest.raises(ValueError, match="does not broadcast"):
         A.copy_(torch.zeros(2, 2))
+    A.copy_(x[0])   # broadcast, as torch's copy_
+    assert torch.equal(A.to_dense(), x[0].expand(6, 8))
 
 
 def test_tensor_flatten_round_trip(x):

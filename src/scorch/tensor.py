@@ -19,7 +19,7 @@ import math
 import torch
 
 from . import convert
-from .errors import ScorchIndexError, ScorchTypeError, ScorchValueError
+from .errors import NotSupportedError, ScorchIndexError, ScorchTypeError, ScorchValueError
 from .format import Format, bsr_format, preset, resolve
 
 __all__ = ["SparseTensor"]
@@ -541,7 +541,10 @@ class SparseTensor(torch.Tensor):
         return out.with_values(self.values().clone()) if self._needs_grad() else out
 
     def detach(self) -> "SparseTensor":
-        return self._like(values=self._values.detach(), nnz=self._stored)._alias_of(self)
+        out = self._like(values=self._values.detach(), nnz=self._stored)._alias_of(self)
+        if getattr(self, "_unset", False):   # (empty_like(A).detach().fill_(s): every position, as A's)
+            out._unset = True
+        return out
 
     def copy_(self, src, non_blocking: bool = False) -> "SparseTensor":
         """Take ``src``'s entries (its pattern too), in this tensor's format and dtype.  Into the
@@ -552,8 +555,21 @@ class SparseTensor(torch.Tensor):
         from .ops._pattern import project, same_pattern
         if not isinstance(src, torch.Tensor):   # a number: every position takes it (stored when not 0)
             src = torch.as_tensor(src, dtype=self.dtype).expand(self.shape)
-        if tuple(src.shape) != tuple(self.shape):
-            raise ScorchValueError(f"copy_: src has shape {tuple(src.shape)}, expected {tuple(self.shape)}")
+        if torch.is_grad_enabled():
+            with torch._C.DisableTorchFunctionSubclass():
+                recorded = self.requires_grad or src.requires_grad
+            if recorded:   # torch rebases the history onto src; here the write would not be recorded
+                raise NotSupportedError("copy_: writing into a SparseTensor that requires grad, or from a source that "
+                                        "does, is not recorded by autograd; copy under torch.no_grad() (a parameter "
+                                        "update), or use the source itself (src.clone())")
+        if tuple(src.shape) != tuple(self.shape):   # broadcast as torch's copy_ does
+            try:
+                if torch.broadcast_shapes(tuple(src.shape), tuple(self.shape)) != tuple(self.shape):
+                    raise RuntimeError
+            except RuntimeError:
+                raise ScorchValueError(f"copy_: src of shape {tuple(src.shape)} does not broadcast to this tensor's "
+                                       f"shape {tuple(self.shape)}") from None
+            src = src.expand(self.shape)
         s = as_sparse(src, self._format, index_dtype=self.index_dtype)
         if same_pattern(s, self):
             self._values.copy_(s._values)

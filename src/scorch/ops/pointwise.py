@@ -383,10 +383,15 @@ def _zero_(x):
     return x
 
 
-@implements_aten(torch.ops.aten.fill_.Scalar)
+@implements_aten(torch.ops.aten.fill_.Scalar, torch.ops.aten.fill_.Tensor)
 def _fill_(x, value):
     """The stored values (``nn.init.ones_(sparse_weight)``: the pattern is fixed); an unset
-    tensor (:func:`_unset`) takes ``value`` everywhere -- every position stored."""
+    tensor (:func:`_unset`) takes ``value`` everywhere -- every position stored.  ``value`` a
+    number or a 0-d tensor."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0:
+            raise ScorchValueError(f"fill_: only supports a 0-dimension value tensor, got {value.dim()} dims")
+        value = value.item()
     if value != 0:
         _every_position_if_unset(x)
     x._values.fill_(value)

@@ -19,7 +19,7 @@ import torch
 from .._dispatch import implements, implements_aten
 from ..errors import ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
-from .shape import _dim, _int, _sizes, assemble, entries, unravel_coords
+from .shape import _dim, _int, _one_or_many, _sizes, assemble, entries, unravel_coords
 
 __all__ = ["repeat", "tile", "expand", "expand_as", "broadcast_to", "repeat_interleave", "kron"]
 
@@ -60,9 +60,10 @@ def _aten_repeat(self, repeats):
 
 
 @implements(torch.tile, torch.Tensor.tile)
-def tile(input, dims):
-    """``repeat`` with ``dims`` padded by leading 1s to the input's number of dims."""
-    dims = _sizes((dims,) if isinstance(dims, (tuple, list, torch.Size)) else (dims,), "tile")
+def tile(input, *dims, **kwargs):
+    """``repeat`` with ``dims`` padded by leading 1s to the input's number of dims (``x.tile(2, 1)``
+    as ``x.tile((2, 1))``)."""
+    dims = _sizes((_one_or_many("tile", "dims", dims, kwargs),), "tile")
     return repeat(input, [1] * (input.dim() - len(dims)) + dims)
 
 

@@ -173,6 +173,18 @@ def _dim(d, n: int, op: str, arg: str = "dim") -> int:
     return d % n
 
 
+def _one_or_many(op: str, name: str, args: tuple, kwargs: dict):
+    """The argument ``name`` given as torch's varargs (``x.flip(0, 1)``), one positional value or a
+    keyword (``dims=``)."""
+    if set(kwargs) - {name} or (args and kwargs):
+        raise ScorchTypeError(f"{op}() got unexpected arguments {tuple(args)} {sorted(kwargs)}; expected {name}")
+    if kwargs:
+        return kwargs[name]
+    if not args:
+        raise ScorchTypeError(f"{op}() missing the argument {name!r}")
+    return args[0] if len(args) == 1 else args
+
+
 def _sizes(args, op: str) -> list:
     """``(2, 3)``, ``((2, 3),)`` or ``(torch.Size([2, 3]),)`` -> ``[2, 3]``."""
     if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)):
@@ -537,6 +549,8 @@ def setitem(x, key, value):
     dense = lambda k: k.to_dense() if isinstance(k, SparseTensor) else k  # noqa: E731
     key = tuple(map(dense, key)) if isinstance(key, tuple) else dense(key)
     value = dense(value)
+    if isinstance(value, torch.Tensor) and value.dtype != x.dtype:
+        value = value.to(x.dtype)   # as torch casts an assigned tensor to the destination's dtype
     scalar = not isinstance(value, torch.Tensor) or value.dim() == 0
     if scalar and value != value:
         value = float("nan")
@@ -873,9 +887,11 @@ def _triangle(x, diagonal, out, lower: bool):
 # ================================================================ flip / roll: coordinates moved, values kept
 
 @implements(torch.flip, torch.Tensor.flip)
-def flip(input, dims):
-    """Reverse the order along ``dims`` (sparse, same format, differentiable)."""
+def flip(input, *dims, **kwargs):
+    """Reverse the order along ``dims`` (sparse, same format, differentiable); ``x.flip(0, 1)``
+    as ``x.flip((0, 1))``."""
     n = input.dim()
+    dims = _one_or_many("flip", "dims", dims, kwargs)
     dims = [dims] if isinstance(dims, int) else list(dims)
     ds = {_dim(d, n, "flip", "dims") for d in dims}
     if len(ds) != len(dims):
