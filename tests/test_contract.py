@@ -463,3 +463,29 @@ def test_copy_into_a_tensor_in_the_graph_is_refused():
     with torch.no_grad():
         A.copy_(torch.ones(2, 2))                    # a parameter update
     assert torch.equal(A.detach().to_dense(), torch.ones(2, 2))
+
+
+def test_ell_padding_stays_zero_under_in_place_writes():
+    W = torch.tensor([[1.0, 0, 0, 2], [0, 3, 0, 0], [4, 5, 6, 0]])
+    P = scorch.as_sparse(W, "ell")                   # rows padded to 3 slots
+    with torch.no_grad():
+        P.add_(1.0)
+    D = P.to_dense()
+    torch.testing.assert_close(P.norm(), D.norm())
+    torch.testing.assert_close(torch.linalg.vector_norm(P, 1), D.abs().sum())
+    for fill in (lambda t: t.fill_(2.0), lambda t: torch.nn.init.uniform_(t), lambda t: t.mul_(3)):
+        with torch.no_grad():
+            fill(P)
+        torch.testing.assert_close(P.norm(), P.to_dense().norm())
+    layer = scorch.nn.SparseLinear(8, 4, format="ell", sparsity=0.5)
+    torch.testing.assert_close(layer.weight.norm(), layer.weight.to_dense().norm())
+
+
+def test_masks_and_indices_are_checked_as_torch_checks_them():
+    A = scorch.as_sparse(torch.eye(3), "csr")
+    with pytest.raises(TypeError, match="boolean masks"):
+        A.masked_fill_(torch.ones(3, 3), 2.0)
+    with pytest.raises(TypeError, match="boolean masks"):
+        A.masked_fill(torch.ones(3, 3), 0.0)
+    with pytest.raises(IndexError, match="out of bounds for dimension 1 with size 3"):
+        A.index_fill_(1, torch.tensor([9]), 1.0)

@@ -93,7 +93,7 @@ class SparseLinear(nn.Module):
     def reset_parameters(self) -> None:
         bound = 1 / math.sqrt(self.in_features)
         with torch.no_grad():
-            self.weight._values.uniform_(-bound, bound)
+            self.weight.uniform_(-bound, bound)   # (the stored values; ELL's padding stays 0)
             if self.bias is not None:
                 self.bias.uniform_(-bound, bound)
 

@@ -26,7 +26,7 @@ import torch
 from .._dispatch import (broadcast_shapes, check_dense_size, dense_fallback, densified, implements, implements_aten,
                          leaves, map_sparse, register_pointwise, write_out)
 from ..interop import is_torch_sparse, torch_sparse_as_ours
-from ..errors import InternalError, NotSupportedError, ScorchValueError
+from ..errors import InternalError, NotSupportedError, ScorchTypeError, ScorchValueError
 from ..format import Format, dense
 from ..tensor import SparseTensor
 from ._pattern import project, same_pattern, stored
@@ -143,6 +143,7 @@ def pointwise(func, args, kwargs):
     vargs, vkwargs = map_sparse(_values_of, args, kwargs)
     if mutable:
         func(*vargs, **vkwargs)
+        _clear_padding(args[0])
         return args[0]
     if not _zero_preserving(func, args, kwargs):
         return densified(func, args, kwargs)  # f(0) != 0: the result is dense by definition
@@ -265,11 +266,17 @@ def _in_place_with_dense(func, args, kwargs, x: SparseTensor):
             return a._values
         return project(a.expand(x.shape), x, entries) if isinstance(a, torch.Tensor) and not _is_scalar(a) else a
     func(*[at(a) for a in args], **{k: at(v) for k, v in kwargs.items()})
-    if x._stored < x._values.numel():   # ELL's unused slots (a dense operand reads 0 there): 0 again
-        keep = torch.zeros(x._values.numel(), dtype=torch.bool)
-        keep[entries[1]] = True
-        x._values.masked_fill_(~keep, 0)
+    _clear_padding(x, entries)
     return x
+
+
+def _clear_padding(x: SparseTensor, entries=None) -> None:
+    """After an in-place write into all of ``x._values``: its unused slots (ELL's padding, which
+    a norm or a dot product of the values would count) hold 0 again."""
+    if x._stored < x._values.numel():
+        keep = torch.zeros(x._values.numel(), dtype=torch.bool)
+        keep[(entries if entries is not None else stored(x))[1]] = True
+        x._values.masked_fill_(~keep, 0)
 
 
 def _absent_nonzero(func, args, kwargs, x: SparseTensor, entries) -> torch.Tensor | None:
@@ -395,6 +402,7 @@ def _fill_(x, value):
     if value != 0:
         _every_position_if_unset(x)
     x._values.fill_(value)
+    _clear_padding(x)
     return x
 
 
@@ -476,6 +484,12 @@ def _mask_hits(x: SparseTensor, mask) -> torch.Tensor:
     return project((mask.to_dense() if isinstance(mask, SparseTensor) else mask).expand(x._shape), x)
 
 
+def _check_bool_mask(name: str, mask) -> None:
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise ScorchTypeError(f"{name}: only supports boolean masks, but got mask with dtype {got}")
+
+
 def _fill_value(value):
     return value.item() if isinstance(value, torch.Tensor) else value
 
@@ -485,6 +499,7 @@ def _masked_fill(self, mask, value):
     """Filling with 0 keeps the pattern (the masked stored values become 0); any other value
     reaches the absent entries too: the result is dense, computed densely."""
     value = _fill_value(value)
+    _check_bool_mask("masked_fill", mask)
     if not isinstance(self, SparseTensor):   # a dense tensor with a sparse mask
         return torch.ops.aten.masked_fill.Scalar(self, mask.to_dense(), value)
     if value == 0 and isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
@@ -499,6 +514,7 @@ def _masked_fill_(self, mask, value):
     """In place: the masked stored values take ``value``; a nonzero value where nothing is stored
     joins the pattern (as ``x[mask] = value`` does: :func:`~scorch.ops.shape.store_at`)."""
     value = _fill_value(value)
+    _check_bool_mask("masked_fill_", mask)
     if not isinstance(self, SparseTensor):
         return self.masked_fill_(mask.to_dense(), value)
     hits = _mask_hits(self, mask)
@@ -537,6 +553,7 @@ def _fill_stored(func):
                                     "on a SparseTensor; pass a number")
         _every_position_if_unset(self, only_if_empty=True)
         func(self._values, *args, **kwargs)
+        _clear_padding(self)
         return self
     return fill
 

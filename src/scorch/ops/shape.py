@@ -697,7 +697,12 @@ def index_fill_(x, dim, index, value):
     if not isinstance(x, SparseTensor):
         return _dense_call(torch.Tensor.index_fill_, x, dim, index, value)
     d = _dim(dim, x.dim(), "index_fill_")
-    setitem(x, (slice(None),) * d + (torch.as_tensor(index, dtype=_I64).reshape(-1),), value)
+    index = torch.as_tensor(index, dtype=_I64).reshape(-1)
+    bad = (index < -x._shape[d]) | (index >= x._shape[d])
+    if bool(bad.any()):
+        raise ScorchIndexError(f"index_fill_: index {int(index[bad][0])} is out of bounds for dimension {d} with "
+                               f"size {x._shape[d]}")
+    setitem(x, (slice(None),) * d + (index,), value)
     return x
 
 
