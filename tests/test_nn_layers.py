@@ -116,6 +116,29 @@ def test_gcn_uses_edge_weights(kind):
     torch.testing.assert_close(layer(x, adj_input(kind, w)), gcn_oracle(layer, x, dense_adj(w)))
 
 
+@pytest.mark.parametrize("kind", ["csr", "coo", "torch_coo"])
+@pytest.mark.parametrize("layer_kind", ["gcn", "sage"])
+@pytest.mark.parametrize("cached", [False, True])
+def test_learned_edge_weights_get_gradients(kind, layer_kind, cached):
+    """Edge weights that require grad (a SparseTensor of them, or a torch.sparse one) stay in the
+    graph through the normalisation (they were detached: no gradient); oracle: the dense formula."""
+    w0 = graph_weights()
+    make = (lambda: GCNConv(5, 3, cached=cached)) if layer_kind == "gcn" else (lambda: SAGEConv(5, 3))
+    layer = randomize(make().double())
+    oracle = gcn_oracle if layer_kind == "gcn" else sage_oracle
+    x = feats()
+    for _ in range(2):   # a second forward: a cached layer must not reuse the first graph
+        w = w0.clone().requires_grad_()
+        if kind == "torch_coo":
+            adj = dense_adj(w).to_sparse_coo()
+        else:   # A[i, j] = weight of edge j -> i
+            adj = scorch.from_coo(torch.stack([EDGE_INDEX[1], EDGE_INDEX[0]]), w, (N, N), format=kind)
+        layer(x, adj).pow(2).sum().backward()
+        wd = w0.clone().requires_grad_()
+        oracle(layer, x, dense_adj(wd)).pow(2).sum().backward()
+        torch.testing.assert_close(w.grad, wd.grad)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("out", [2, 8])  # narrower (aggregate after lin_l) and wider than the input
 def test_sage_matches_dense(kind, out):

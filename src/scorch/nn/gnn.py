@@ -11,7 +11,8 @@ Convention (as in PyG): row ``i`` of the adjacency is the node that aggregates,
 column ``j`` the neighbour it reads, so ``out = A_hat @ h``.  An ``edge_index``
 lists ``(source, target)`` pairs, i.e. it holds ``(j, i)``: ``A[i, j]`` is set
 for each column ``edge_index[:, e] = (j, i)``.  Edge values of a sparse input are
-used as edge weights by GCN and SAGE; GAT uses only the pattern.
+used as edge weights by GCN and SAGE (weights that require grad get gradients through the
+normalisation; a cached layer rebuilds for them); GAT uses only the pattern.
 """
 
 from __future__ import annotations
@@ -41,18 +42,32 @@ def _edges(adj, num_nodes: int, layer: str):
     ``weight`` is None for an ``edge_index``.  Raises naming expected vs actual shapes."""
     if isinstance(adj, SparseTensor) or is_sparse(adj):
         _check_square(adj.shape, num_nodes, layer)
+        learned = _learned(adj)   # edge weights that require grad: the normalisation stays in the graph
         if isinstance(adj, SparseTensor):
-            coords, vals = _coords(adj)
+            if learned:
+                adj = adj if adj._format == _CSR2 else adj.asformat("csr")
+                coords, vals = _coords(adj)[0], adj.values()
+            else:
+                coords, vals = _coords(adj)
         else:
-            coo = adj.detach().to_sparse_coo().coalesce()
+            coo = (adj if learned else adj.detach()).to_sparse_coo().coalesce()
             coords, vals = coo.indices(), coo.values()
         if vals.dim() != 1:
             raise ScorchValueError(f"{layer}: adj must hold scalar entries, got values of shape {tuple(vals.shape)}")
-        return coords[0], coords[1], vals.detach()
+        return coords[0], coords[1], vals if learned else vals.detach()
     if isinstance(adj, torch.Tensor):
         return _edge_index(adj, num_nodes, layer)
     raise ScorchTypeError(f"{layer}: adj must be a SparseTensor, a torch.sparse tensor or an edge_index "
                           f"(2 x E int64 tensor), got {type(adj).__name__}")
+
+
+def _learned(adj) -> bool:
+    """Whether ``adj``'s values are learned here: they require grad, with grad mode on."""
+    if not torch.is_grad_enabled() or not isinstance(adj, torch.Tensor):
+        return False
+    if isinstance(adj, SparseTensor):
+        return adj._needs_grad()
+    return adj.requires_grad
 
 
 def _coords(A: SparseTensor):
@@ -207,7 +222,7 @@ class _GraphConv(nn.Module):
         self._cache = _AdjCache()
 
     def _adjacency(self, adj, x, build):
-        if not self.cached:
+        if not self.cached or _learned(adj):   # (learned edge weights: a new graph every forward)
             return build()
         return self._cache.get(adj, (x.dtype, x.shape[0]), build)
 
