@@ -489,3 +489,12 @@ def test_masks_and_indices_are_checked_as_torch_checks_them():
         A.masked_fill(torch.ones(3, 3), 0.0)
     with pytest.raises(IndexError, match="out of bounds for dimension 1 with size 3"):
         A.index_fill_(1, torch.tensor([9]), 1.0)
+
+
+def test_nn_init_orthogonal_reaches_a_sparse_weight():
+    W = scorch.as_sparse(torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]]), "csr")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")              # (its QR runs on a dense copy, warned once per process)
+        torch.nn.init.orthogonal_(W)                 # torch writes W.view_as(q).copy_(q)
+    D = W.to_dense()
+    torch.testing.assert_close(D @ D.t(), torch.eye(2), atol=1e-5, rtol=0)

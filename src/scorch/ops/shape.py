@@ -20,9 +20,12 @@ zeros included).  An op whose torch result is 0-d (``x[i]`` on a 1-d tensor,
 squeezing a ``(1,)`` tensor) returns a dense 0-d tensor: sparse tensors need
 at least one dim.
 
-``view`` returns a new SparseTensor with rebuilt storage, i.e. a copy, not a
-view: writes through it do not reach the original (SparseTensors reject
-in-place writes anyway).  The ops are differentiable w.r.t. the stored values
+The reshape family (``view`` / ``reshape`` / ``flatten`` / ``unsqueeze`` /
+``squeeze``) rebuilds the index arrays but keeps the values array itself where
+the new storage holds the entries in the same order (CSR <-> 1-d, a size-1 dim
+added or dropped): a write into the stored values through such a view reaches
+the original, as a torch view's does; a write that changes the pattern, or a
+view whose storage reorders the entries, does not.  The ops are differentiable w.r.t. the stored values
 (and the dense operands of ``cat`` / ``stack``): each result value is a gather
 of source values.
 """
@@ -109,9 +112,23 @@ def _rebuild_like(x: SparseTensor, shape, coords, ids):
     return assemble(x._format, shape, coords, ids, x.values(), x.index_dtype)
 
 
+def _view_like(x: SparseTensor, shape, coords, ids):
+    """A reshape-family result of ``x`` (entries ``ids`` at ``coords`` of ``shape``): on ``x``'s
+    own values array when the new storage keeps their order -- writes into the stored values
+    reach ``x``, as a torch view's do -- else on gathered values, as :func:`_rebuild_like`."""
+    n = ids.numel()
+    if not shape or x._stored != x._values.numel() or n != x._stored:   # (0-d, or ELL's unused slots)
+        return _rebuild_like(x, shape, coords, ids)
+    pattern = rebuild(x._format, shape, coords, ids + 1, x.index_dtype)   # each entry's position + 1
+    if pattern._values.numel() == n and bool((pattern._values == torch.arange(1, n + 1)).all()):
+        return pattern.with_values(x.values())
+    return take_positions(pattern, x.values())
+
+
 def _alias(x: SparseTensor) -> SparseTensor:
-    """A new SparseTensor on ``x``'s storage (kept in the autograd graph)."""
-    return x.with_values(x.values())
+    """A new SparseTensor on ``x``'s storage (kept in the autograd graph); a write that changes its
+    pattern reaches a leaf ``x`` too (``w.view_as(q).copy_(q)``: ``nn.init.orthogonal_``)."""
+    return x.with_values(x.values())._alias_of(x)
 
 
 def ravel_coords(rows, sizes, nnz: int) -> torch.Tensor:
@@ -220,7 +237,7 @@ def _reshape(x: SparseTensor, shape: tuple, op: str):
         return _alias(x)
     coords, ids = entries(x)
     lin = ravel_coords(coords, x._shape, ids.numel())  # same numel: fits the new shape too
-    return _rebuild_like(x, shape, _stack_rows(unravel_coords(lin, shape), ids.numel()), ids)
+    return _view_like(x, shape, _stack_rows(unravel_coords(lin, shape), ids.numel()), ids)
 
 
 @implements(torch.reshape)
@@ -275,7 +292,7 @@ def unsqueeze(input, dim):
     d = _dim(dim, input.dim() + 1, "unsqueeze")
     coords, ids = entries(input)
     coords = torch.cat([coords[:d], torch.zeros((1, ids.numel()), dtype=_I64), coords[d:]])
-    return _rebuild_like(input, input._shape[:d] + (1,) + input._shape[d:], coords, ids)
+    return _view_like(input, input._shape[:d] + (1,) + input._shape[d:], coords, ids)
 
 
 @implements(torch.squeeze, torch.Tensor.squeeze)
@@ -291,7 +308,7 @@ def squeeze(input, dim=None):
         return _alias(input)
     keep = [d for d in range(n) if d not in drop]
     coords, ids = entries(input)
-    return _rebuild_like(input, tuple(input._shape[d] for d in keep), coords[keep], ids)
+    return _view_like(input, tuple(input._shape[d] for d in keep), coords[keep], ids)
 
 
 # ================================================================ indexing
