@@ -498,3 +498,60 @@ def test_nn_init_orthogonal_reaches_a_sparse_weight():
         torch.nn.init.orthogonal_(W)                 # torch writes W.view_as(q).copy_(q)
     D = W.to_dense()
     torch.testing.assert_close(D @ D.t(), torch.eye(2), atol=1e-5, rtol=0)
+
+
+def test_reductions_accumulate_as_torch_does():
+    big = torch.tensor([[2**60 + 1, 0, 3], [0, 5, 0]])
+    B = scorch.as_sparse(big, "csr")
+    for f in (lambda t: t.sum(1), lambda t: t.sum(), lambda t: t.sum(0), lambda t: torch.nansum(t, 1)):
+        assert torch.equal(f(B), f(big))            # exact int64 (a float64 sum rounds past 2**53)
+    h = torch.tensor([[60000.0, 0.0, 60000.0], [0.0, 0.0, 3.0]], dtype=torch.float16)
+    H = scorch.as_sparse(h, "csr")
+    for f in (lambda t: t.mean(1), lambda t: t.mean(), lambda t: t.std(1), lambda t: t.sum(1)):
+        torch.testing.assert_close(f(H), f(h))      # half values accumulate in float32
+    tiny = torch.tensor([[1e-3, 0.0, 1e-3]], dtype=torch.float16)
+    torch.testing.assert_close(torch.linalg.vector_norm(scorch.as_sparse(tiny, "csr"), 3, 1),
+                               torch.linalg.vector_norm(tiny, 3, 1))
+    y = torch.tensor([[1e38, 0.0, 1e38], [0.0, 0.0, 3.0]])
+    torch.testing.assert_close(scorch.as_sparse(y, "csr").std(), y.std())   # in float64, as torch's var
+    p = torch.tensor([[1e30, 0.0, 1e30], [2.0, 3.0, 4.0]])
+    assert torch.equal(scorch.as_sparse(p, "csr").prod(1), p.prod(1))       # 0, not 0 * inf
+    q = torch.tensor([[float("inf"), 0.0, 1.0]])
+    assert bool(scorch.as_sparse(q, "csr").prod(1).isnan()) and bool(q.prod(1).isnan())   # inf * the absent 0
+    x = torch.tensor([[1.0, 0.0, 2.0], [0.0, 0.0, 3.0]])
+    A = scorch.as_sparse(x, "csr")
+    assert torch.equal(A.any(dim=()), x.any(dim=())) and torch.equal(torch.all(A, dim=()), torch.all(x, dim=()))
+
+
+def test_integer_elementwise_past_2_53_is_exact():
+    x = torch.tensor([[2**60 + 1, 0], [0, 7]])
+    y = torch.tensor([[1, 0], [0, 2]])
+    A, B = scorch.as_sparse(x, "csr"), scorch.as_sparse(y, "csr")
+    for f in (lambda a, b: a + b, lambda a, b: a * b, lambda a, b: a - b):
+        want = f(x, y)
+        for other in (B, y):
+            got = f(A, other)
+            assert torch.equal(got.to_dense() if isinstance(got, scorch.SparseTensor) else got, want)
+
+
+def test_torchs_argument_spellings():
+    import numpy as np
+    x = torch.tensor([[1.0, 0.0, 2.0], [0.0, 0.0, 3.0]])
+    A = scorch.as_sparse(x, "csr")
+    calls = [lambda t: t.sum(np.int64(1)), lambda t: t.amax(np.int64(-1)), lambda t: t.transpose(np.int64(0), 1),
+             lambda t: t.sum(torch.tensor(1)), lambda t: t.permute(np.int64(1), np.int64(0)),
+             lambda t: t[np.array([1, 0])], lambda t: torch.add(t, other=torch.ones(3), alpha=2),
+             lambda t: t.mul(other=2.0), lambda t: torch.mul(input=t, other=2), lambda t: t.sum(axis=1),
+             lambda t: torch.mean(t, axis=0), lambda t: torch.sum(input=t, dim=1), lambda t: torch.t(input=t),
+             lambda t: t.permute(dims=(1, 0)), lambda t: t[:1].expand(size=(3, 3)), lambda t: t.std(1, False),
+             lambda t: torch.var(t, 1, False), lambda t: t.var(1, True, True), lambda t: t.var(False)]
+    for f in calls:
+        got, want = f(A), f(x)
+        assert torch.allclose(got.to_dense() if isinstance(got, scorch.SparseTensor) else got, want)
+    assert torch.equal(A, torch.zeros(3, 2)) is False and torch.equal(A, x) is True
+    Z = scorch.as_sparse(torch.zeros(0, 3), "csr")
+    assert [tuple(t.shape) for t in Z.chunk(3, 0)] == [(0, 3)] * 3
+    out = torch.empty(4, 3)
+    assert torch.cat([A, A], out=out) is out and torch.equal(out, torch.cat([x, x]))
+    out = torch.empty(2, 2, 3)
+    assert torch.stack([A, A], out=out) is out and torch.equal(out, torch.stack([x, x]))

@@ -502,7 +502,7 @@ def test_cat_promotes_dtypes_and_skips_legacy_empty():
     (lambda A: torch.cat([A, torch.ones(3)], 0), ScorchValueError, r"tensors\[1\] has shape \(3,\)"),
     (lambda A: torch.cat([A, A], 2), IndexError, "cat: dim=2 is out of range for a 2-d tensor"),
     (lambda A: torch.cat([A, torch.tensor(1.0)]), ScorchValueError, r"tensors\[1\] is 0-d"),
-    (lambda A: torch.cat([A], out=torch.empty(2, 3)), NotSupportedError, "out="),
+    (lambda A: torch.cat([A], out=torch.empty(2, 3, dtype=torch.int64)), ValueError, "out= has dtype"),
     (lambda A: torch.stack([A, torch.ones(3, 2)]), ScorchValueError,
      r"stack: tensors\[1\] has shape \(3, 2\), expected \(2, 3\)"),
     (lambda A: torch.stack([A, A], 3), IndexError, "stack: dim=3 is out of range for a 3-d tensor"),

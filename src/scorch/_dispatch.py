@@ -12,6 +12,7 @@ raise instead of silently writing into a temporary.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import warnings
 from typing import Callable
@@ -128,8 +129,42 @@ def write_out(name: str, result, out, densify: bool = False):
 def torch_function(func, types, args, kwargs):
     impl = _FUNCTIONS.get(func)
     if impl is not None:
+        if kwargs and not _TORCH_NAMES.isdisjoint(kwargs):
+            args, kwargs = _torch_keywords(impl, args, kwargs)
         return impl(*args, **kwargs)
     return as_torch_runs(func, *args, **kwargs)
+
+
+_TORCH_NAMES = frozenset({"input", "other", "axis", "keepdims", "dims", "size"})
+_PARAMS: dict = {}   # impl -> its parameter names, and whether it takes **kwargs
+
+
+def _torch_keywords(impl, args: tuple, kwargs: dict):
+    """The call as ``impl`` takes it when it was made with torch's keyword names: ``input=`` /
+    ``other=`` (the first / second argument of every torch function that has them), numpy's
+    ``axis=`` / ``keepdims=`` for ``dim=`` / ``keepdim=``, and ``dims=`` / ``size=`` of the
+    varargs methods (``permute``, ``expand``)."""
+    names = _PARAMS.get(impl)
+    if names is None:
+        try:
+            params = inspect.signature(impl).parameters.values()
+        except (TypeError, ValueError):
+            params = ()
+        names = _PARAMS[impl] = ({p.name for p in params}, any(p.kind == p.VAR_POSITIONAL for p in params))
+    named, varargs = names
+    kwargs = dict(kwargs)
+    for alias, name in (("axis", "dim"), ("keepdims", "keepdim")):
+        if alias in kwargs and name not in kwargs and alias not in named:
+            kwargs[name] = kwargs.pop(alias)
+    if "input" in kwargs and "input" not in named and not args:
+        args = (kwargs.pop("input"),)
+    if "other" in kwargs and "other" not in named and len(args) == 1:
+        args = args + (kwargs.pop("other"),)
+    for name in ("dims", "size"):
+        if name in kwargs and name not in named and varargs and len(args) == 1:
+            value = kwargs.pop(name)
+            args = args + (tuple(value) if isinstance(value, (tuple, list, torch.Size)) else (value,))
+    return args, kwargs
 
 
 def as_torch_runs(func, *args, **kwargs):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 
 import torch
 
@@ -581,8 +582,12 @@ class SparseTensor(torch.Tensor):
         return self
 
     # ------------------------------------------------------------ shape: mode-order changes, no copy
-    def permute(self, *dims) -> "SparseTensor":
-        if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+    def permute(self, *dims, **kwargs) -> "SparseTensor":
+        if "dims" in kwargs and not dims:   # x.permute(dims=(1, 0))
+            dims = (kwargs.pop("dims"),)
+        if kwargs:
+            raise ScorchTypeError(f"permute() got unexpected keyword arguments {sorted(kwargs)}")
+        if len(dims) == 1 and isinstance(dims[0], (tuple, list, torch.Size)):
             dims = tuple(dims[0])
         n = self.dim()
         perm = tuple(_wrap_dim(d, n, "permute") for d in dims)
@@ -717,8 +722,9 @@ def _within(s: SparseTensor, x: SparseTensor) -> bool:
 
 
 def _wrap_dim(d, n: int, op: str) -> int:
-    if isinstance(d, bool) or not isinstance(d, int):
+    if isinstance(d, bool) or not isinstance(d, numbers.Integral):
         raise ScorchTypeError(f"{op}: dim must be an int, got {type(d).__name__}")
+    d = int(d)   # (numpy's integers too)
     if not -n <= d < n:
         raise ScorchIndexError(f"{op}: dim {d} out of range for a {n}-d tensor (expected [{-n}, {n - 1}])")
     return d % n

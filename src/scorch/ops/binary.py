@@ -62,11 +62,40 @@ def binary(op: str, a, b, func, args, kwargs):
         return binary(op, *u8, func, u8, {}).bool()
     idx = _LETTERS[:len(shape)]
     ops = [x if isinstance(x, SparseTensor) else x.expand(shape) for x in (a, b)]
+    if _past_float64(ops):   # integers the kernels' float64 would round: torch's exact integers on the values
+        return _exact_integers(op, ops, func, args, kwargs)
     if op == "*":
         return einsum(f"{idx},{idx}->{idx}", *ops)
     if torch.is_grad_enabled() and _any_requires_grad(ops):
         return _Elementwise.apply(op, idx, *ops)
     return _evaluate(op, idx, ops)
+
+
+def _past_float64(ops) -> bool:
+    """Integer operands whose ``+ - *`` could pass 2^53, where the kernels' float64 rounds."""
+    if any(x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool for x in ops):
+        return False
+    bound = 1
+    for x in ops:
+        v = x._values if isinstance(x, SparseTensor) else x
+        bound *= (max(int(v.max()), -int(v.min())) if v.numel() else 0) + 1
+    return bound > 2 ** 53
+
+
+def _exact_integers(op: str, ops, func, args, kwargs):
+    """``a (op) b`` of integers by torch's own integer arithmetic on the values: sparse * dense on
+    the sparse operand's pattern, sparse (op) sparse on the union of the patterns, sparse +- dense
+    densely (a dense result by definition)."""
+    sparse = [x for x in ops if isinstance(x, SparseTensor)]
+    if len(sparse) == 1:
+        if op != "*":
+            return densified(func, args, kwargs)
+        s = sparse[0]
+        at = project(ops[1] if ops[0] is s else ops[0], s)
+        return s._like(values=func(*((s._values, at) if ops[0] is s else (at, s._values))), nnz=s._stored)
+    from .pointwise import _on_union_values   # (pointwise imports the einsum layer, which imports this module)
+    union, on_union = _on_union_values(sparse if sparse[0] is not sparse[1] else sparse[:1])
+    return union._like(values=func(on_union[id(ops[0])], on_union[id(ops[1])]), nnz=union._stored)
 
 
 def _evaluate(op, idx, ops):
@@ -137,6 +166,14 @@ for _sym, _func, _names in (("+", torch.add, ("add",)), ("-", torch.sub, ("sub",
     _dunder = {"+": "add", "-": "sub", "*": "mul", "/": "truediv"}[_sym]
     implements(getattr(torch.Tensor, f"__{_dunder}__"))(lambda a, b, _i=_impl: _i(a, b))
     implements(getattr(torch.Tensor, f"__r{_dunder}__"))(lambda a, b, _i=_impl: _i(b, a))  # b (op) a
+
+
+@implements(torch.equal, torch.Tensor.equal)
+def equal(input, other):
+    """``torch.equal``: False for tensors of different shapes (they raised: no broadcasting here)."""
+    if tuple(input.shape) != tuple(other.shape):
+        return False
+    return as_torch_runs(torch.equal, input, other)
 
 
 @implements(torch.allclose, torch.Tensor.allclose)

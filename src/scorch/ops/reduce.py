@@ -16,7 +16,9 @@ generated kernel instead (:mod:`scorch.compiler.segments`).
 
 from __future__ import annotations
 
+import functools
 import math
+import numbers
 import warnings
 
 import torch
@@ -30,18 +32,22 @@ from .einsum import einsum
 from .shape import ravel_coords
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
+_HALF = (torch.float16, torch.bfloat16)   # reduced in float32, as torch's CPU reductions do
 
 
 def _dims(dim, n: int, op: str) -> tuple:
     """``dim`` (None, an int, or a sequence: empty means every dim, as torch reads it) as sorted
     non-negative dims."""
-    dims = () if dim is None else (dim,) if isinstance(dim, int) else tuple(dim)
+    if isinstance(dim, torch.Tensor) and dim.dim() == 0 and not dim.is_floating_point():
+        dim = int(dim)   # torch takes a 0-d integer tensor as a dim
+    dims = () if dim is None else (dim,) if isinstance(dim, numbers.Integral) else tuple(dim)
     if not dims:
         return tuple(range(n))
     out = []
     for d in dims:
-        if isinstance(d, bool) or not isinstance(d, int):
+        if isinstance(d, bool) or not isinstance(d, numbers.Integral):
             raise ScorchTypeError(f"{op}: dim must be an int or a tuple of ints, got {dim!r}")
+        d = int(d)   # (numpy's integers too)
         if not -n <= d < n:
             raise ScorchIndexError(f"{op}: dim {d} out of range for a {n}-d tensor (expected [{-n}, {n - 1}])")
         out.append(d % n)
@@ -76,12 +82,18 @@ def _group(coords, shape, dims):
 @implements(torch.sum, torch.Tensor.sum)
 @accepts_out
 def sum_(x, dim=None, keepdim=False, *, dtype=None):
-    if not x.dtype.is_floating_point and not x.dtype.is_complex:
-        # bool / integer values: summed exactly in float64 (up to 2**53), as int64 like torch's
-        wide = x.with_values(x.values().to(torch.float64))
-        return sum_(wide, dim, keepdim).round().to(torch.int64 if dtype is None else dtype)
-    if dtype is not None and dtype != x.dtype:   # torch casts the input first (a float16 sum into float32)
-        return sum_(x.to(dtype), dim, keepdim, dtype=dtype)
+    exact = not x.dtype.is_floating_point and not x.dtype.is_complex
+    if dtype is not None and dtype != x.dtype and (dtype.is_floating_point or dtype.is_complex or not exact):
+        return sum_(x.to(dtype), dim, keepdim, dtype=dtype)   # torch casts the input first (a float16 sum into float32)
+    if exact:
+        # bool / integer values: summed exactly as int64, like torch's (a float64 sum rounds past 2**53)
+        dims = _dims(dim, x.dim(), "sum")
+        key, groups, _, vals = _fibres(x, dims)
+        out = torch.zeros(groups, dtype=torch.int64).index_add_(0, key, vals.to(torch.int64))
+        out = _shaped(out, x, dims, keepdim)
+        return out if dtype is None else out.to(dtype)
+    if x.dtype in _HALF:   # accumulated in float32, as torch's reductions of half floats are
+        return sum_(x.to(torch.float32), dim, keepdim).to(x.dtype)
     dims = _dims(dim, x.dim(), "sum")
     idx = _LETTERS[:x.dim()]
     out = einsum(f"{idx}->{''.join(c for d, c in enumerate(idx) if d not in dims)}", x, format="dense")
@@ -109,6 +121,9 @@ def mean(x, dim=None, keepdim=False, *, dtype=None):
     count = 1
     for d in dims:
         count *= x.shape[d]
+    wanted = dtype if dtype is not None else x.dtype
+    if wanted in _HALF:   # the sum and the division in float32, as torch's
+        return (sum_(x, dims, keepdim, dtype=torch.float32) / count).to(wanted)
     return sum_(x, dims, keepdim, dtype=dtype) / count
 
 
@@ -252,6 +267,8 @@ def _norm(x: SparseTensor, ord, dim, keepdim: bool, dtype, dense_norm):
     (torch's own backward of a norm wrote into its sparse input in place)."""
     if not (isinstance(ord, (int, float)) and not isinstance(ord, bool) and ord > 0):
         return dense_norm(_bounded_dense(x, "norm"))
+    if dtype is None and x.dtype in _HALF:   # accumulated in float32, as torch's
+        return _norm(x.to(torch.float32), ord, dim, keepdim, None, dense_norm).to(x.dtype)
     values = x.values() if dtype is None else x.values().to(dtype)
     if dim is None:
         out = torch.linalg.vector_norm(values, ord) if values.numel() else values.new_zeros(())
@@ -324,7 +341,7 @@ def _one_dim(args, kwargs) -> bool:
     if not args and not kwargs:
         return True
     dim = args[0] if args else kwargs.get("dim")
-    return isinstance(dim, int) and not isinstance(dim, bool) and set(kwargs) <= {"dim", "keepdim"} \
+    return isinstance(dim, numbers.Integral) and not isinstance(dim, bool) and set(kwargs) <= {"dim", "keepdim"} \
         and len(args) <= 2
 
 
@@ -355,6 +372,8 @@ def any_(input, *args, **kwargs):
     if found is None:
         return as_torch_runs(torch.any, input, *args, **kwargs)
     dims, keepdim = found
+    if dims == ():   # each element alone
+        return _as_uint8_if(input, _bounded_dense(input, "any") != 0)
     if dims is None:
         return _as_uint8_if(input, (input.values() != 0).any())
     return _as_uint8_if(input, _keep(count_nonzero(input, dims) > 0, dims, keepdim))
@@ -372,6 +391,8 @@ def all_(input, *args, **kwargs):
     if found is None:
         return as_torch_runs(torch.all, input, *args, **kwargs)
     dims, keepdim = found
+    if dims == ():   # each element alone
+        return _as_uint8_if(input, _bounded_dense(input, "all") != 0)
     if dims is None:
         return _as_uint8_if(input, torch.tensor(int(count_nonzero(input)) == input.numel()))
     need = math.prod(input.shape[d] for d in dims)
@@ -387,6 +408,8 @@ def _bool_reduce_args(op, input, args, kwargs):
     keepdim = bool(args[1] if len(args) > 1 else kwargs.get("keepdim", False))
     if dim is None and not keepdim:
         return None, False
+    if isinstance(dim, (tuple, list)) and not dim:
+        return (), keepdim   # torch's any / all reduce nothing over dim=() (sum reads it as every dim)
     return _dims(dim, input.dim(), op), keepdim
 
 
@@ -404,8 +427,26 @@ def nonzero(input, *, as_tuple=False):
 
 # ------------------------------------------------------------------ var / std / diagonal / trace
 
+def _legacy_var_args(fn):
+    """torch's positional forms of var / std: ``(unbiased)``, ``(dim, unbiased[, keepdim])``,
+    ``(dim, keepdim=...)``, besides the keyword ``correction=`` form."""
+    @functools.wraps(fn)
+    def run(input, *args, **kwargs):
+        if args and isinstance(args[0], bool):   # var(x, False): unbiased
+            args, kwargs = args[1:], {**kwargs, "unbiased": args[0]}
+        if len(args) > 1:
+            names = ("dim", "unbiased", "keepdim")[:len(args)]
+            if len(args) > 3 or any(n in kwargs for n in names):
+                raise ScorchTypeError(f"{fn.__name__}: takes (input, dim, unbiased, keepdim) positionally, "
+                                      f"got {len(args) + 1} positional arguments")
+            args, kwargs = (), {**kwargs, **dict(zip(names, args))}
+        return fn(input, *args, **kwargs)
+    return run
+
+
 @implements(torch.var, torch.Tensor.var)
 @accepts_out
+@_legacy_var_args
 def var(input, dim=None, *, correction=1, keepdim=False, unbiased=None):
     """Variance over ``dim`` (absent entries are zeros), two passes over the stored values: the
     means, then the squared deviations of the stored values plus those of the absent zeros
@@ -414,6 +455,8 @@ def var(input, dim=None, *, correction=1, keepdim=False, unbiased=None):
         correction = 1 if unbiased else 0
     if not input.dtype.is_floating_point:
         raise ScorchTypeError(f"var: needs a floating dtype, got {input.dtype}")
+    if input.dtype != torch.float64:   # accumulated in float64, as torch's CPU var (1e38 values overflow float32)
+        return var(input.to(torch.float64), dim, correction=correction, keepdim=keepdim).to(input.dtype)
     dims = _dims(dim, input.dim(), "var")
     key, groups, n, vals = _fibres(input, dims)
     mean = torch.zeros(groups, dtype=vals.dtype).index_add(0, key, vals) / max(n, 1)
@@ -429,7 +472,11 @@ def var(input, dim=None, *, correction=1, keepdim=False, unbiased=None):
 
 @implements(torch.std, torch.Tensor.std)
 @accepts_out
+@_legacy_var_args
 def std(input, dim=None, *, correction=1, keepdim=False, unbiased=None):
+    if input.dtype.is_floating_point and input.dtype != torch.float64:   # the root in float64 too, as torch's
+        return std(input.to(torch.float64), dim, correction=correction, keepdim=keepdim,
+                   unbiased=unbiased).to(input.dtype)
     return var(input, dim, correction=correction, keepdim=keepdim, unbiased=unbiased).sqrt()
 
 
@@ -538,8 +585,16 @@ def prod(input, dim=None, keepdim=False, *, dtype=None):
     out = torch.ones(groups, dtype=values_dtype).scatter_reduce(0, key, vals.to(values_dtype), reduce="prod",
                                                                 include_self=True)
     full = torch.bincount(key, minlength=groups) == fibre
-    # a fibre holding an implicit zero: 0 -- NaN when its stored product is NaN or infinite, as 0 * inf
-    return _shaped(torch.where(full, out, out * 0), input, dims, keepdim)
+    # a fibre holding an implicit zero: 0 -- NaN where a stored value is NaN or infinite (0 * inf), not
+    # where the stored values' product merely overflows
+    if values_dtype.is_floating_point:
+        bad = torch.zeros(groups, dtype=torch.bool).index_put_((key,), ~torch.isfinite(vals.detach()),
+                                                               accumulate=True)
+        out_absent = torch.where(bad, float("nan"), out * 0)
+        out_absent = torch.where(bad | torch.isfinite(out), out_absent, torch.zeros((), dtype=values_dtype))
+    else:
+        out_absent = out * 0
+    return _shaped(torch.where(full, out, out_absent), input, dims, keepdim)
 
 
 @implements(torch.argmax, torch.Tensor.argmax)

@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import operator
 
 import torch
 
 from .. import config, convert
-from .._dispatch import check_dense_size, implements, leaves
+from .._dispatch import check_dense_size, implements, leaves, write_out
 from ..errors import NotSupportedError, ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..format import Format, preset
 from ..interop import as_sparse
@@ -405,6 +406,14 @@ def _unsupported_key(key, why: str):
         "x.to_dense()[...] instead")
 
 
+def _numpy_as_tensors(key):
+    """A key's numpy arrays as tensors (torch indexes with them as with its own)."""
+    if isinstance(key, tuple):
+        return tuple(map(_numpy_as_tensors, key))
+    return torch.as_tensor(key) if type(key).__module__ == "numpy" and hasattr(key, "shape") and key.shape \
+        else key
+
+
 def _classify(item):
     """``(kind, value)`` for one entry of an index tuple."""
     if item is None:
@@ -528,7 +537,7 @@ def getitem(x, key):
     dims (:func:`_points`); other keys raise NotSupportedError."""
     if not isinstance(x, SparseTensor):
         return _dense_call(torch.Tensor.__getitem__, x, key)
-    key = _masks_as_indices(x, key)
+    key = _masks_as_indices(x, _numpy_as_tensors(key))
     items = _parse_key(key, x.dim())
     if sum(kind == "take" for kind, _ in items) > 1 or any(kind == "take" and torch.as_tensor(v).dim() != 1
                                                            for kind, v in items):
@@ -564,6 +573,7 @@ def setitem(x, key, value):
                                 "not recorded by autograd; assign under torch.no_grad() (a parameter update), or "
                                 "build a new tensor (torch.where, x.with_values)")
     dense = lambda k: k.to_dense() if isinstance(k, SparseTensor) else k  # noqa: E731
+    key = _numpy_as_tensors(key)
     key = tuple(map(dense, key)) if isinstance(key, tuple) else dense(key)
     value = dense(value)
     if isinstance(value, torch.Tensor) and value.dtype != x.dtype:
@@ -799,8 +809,8 @@ def _check_cat_shapes(tensors, ref: tuple, d: int) -> None:
 @implements(torch.cat, torch.concat, torch.concatenate)
 def cat(tensors, dim=0, *, axis=None, out=None):
     """Concatenate along ``dim``; dense tensors among ``tensors`` are sparsified first."""
-    if out is not None:
-        raise NotSupportedError("cat: out= is not supported with SparseTensor inputs; use the returned tensor")
+    if out is not None:   # a dense out= takes the result (a SparseTensor out= one in its pattern)
+        return write_out("cat", cat(tensors, dim, axis=axis), out, densify=True)
     dim = dim if axis is None else axis
     tensors = _sequence(tensors, "cat")
     if any(t.dim() != 1 for t in tensors):  # torch skips legacy empty 1-d tensors
@@ -826,7 +836,7 @@ def cat(tensors, dim=0, *, axis=None, out=None):
 def stack(tensors, dim=0, *, out=None):
     """Stack equal-shaped tensors along a new dim ``dim``; dense ones are sparsified first."""
     if out is not None:
-        raise NotSupportedError("stack: out= is not supported with SparseTensor inputs; use the returned tensor")
+        return write_out("stack", stack(tensors, dim), out, densify=True)
     tensors = _sequence(tensors, "stack")
     ref = tuple(tensors[0].shape)
     for k, t in enumerate(tensors):
@@ -914,7 +924,7 @@ def flip(input, *dims, **kwargs):
     as ``x.flip((0, 1))``."""
     n = input.dim()
     dims = _one_or_many("flip", "dims", dims, kwargs)
-    dims = [dims] if isinstance(dims, int) else list(dims)
+    dims = [dims] if isinstance(dims, numbers.Integral) else list(dims)
     ds = {_dim(d, n, "flip", "dims") for d in dims}
     if len(ds) != len(dims):
         raise ScorchValueError(f"flip: dims {tuple(dims)} repeat a dimension")
@@ -927,16 +937,17 @@ def flip(input, *dims, **kwargs):
 @implements(torch.roll, torch.Tensor.roll)
 def roll(input, shifts, dims=None):
     """Shift along ``dims`` with wrap-around (no ``dims``: over the flattened tensor)."""
-    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+    shifts = [shifts] if isinstance(shifts, numbers.Integral) or (isinstance(shifts, torch.Tensor) and
+                                                                  shifts.dim() == 0) else list(shifts)
     coords, ids = entries(input)
-    if dims is None or (not isinstance(dims, int) and len(dims) == 0):
+    if dims is None or (not isinstance(dims, numbers.Integral) and len(dims) == 0):
         if len(shifts) != 1:
             raise ScorchValueError(f"roll: without dims, shifts must be one int, got {tuple(shifts)}")
         sizes = list(input.shape)
         lin = (ravel_coords(coords, sizes, ids.numel()) + shifts[0]) % max(1, input.numel())
         coords = torch.stack(unravel_coords(lin, sizes)) if sizes else coords
     else:
-        dims = [dims] if isinstance(dims, int) else list(dims)
+        dims = [dims] if isinstance(dims, numbers.Integral) else list(dims)
         if len(dims) != len(shifts):
             raise ScorchValueError(f"roll: shifts {tuple(shifts)} and dims {tuple(dims)} differ in length")
         for s, d in zip(shifts, dims):
@@ -1007,5 +1018,8 @@ def chunk(input, chunks, dim=0):
     chunks = _int(chunks, "chunk", "chunks")
     if chunks <= 0:
         raise ScorchValueError(f"chunk: chunks must be positive, got {chunks}")
-    size = input._shape[_dim(dim, input.dim(), "chunk")]
+    d = _dim(dim, input.dim(), "chunk")
+    size = input._shape[d]
+    if size == 0:   # as torch: `chunks` empty pieces
+        return tuple(narrow(input, d, 0, 0) for _ in range(chunks))
     return split(input, max(1, -(-size // chunks)), dim)
