@@ -555,3 +555,19 @@ def test_torchs_argument_spellings():
     assert torch.cat([A, A], out=out) is out and torch.equal(out, torch.cat([x, x]))
     out = torch.empty(2, 2, 3)
     assert torch.stack([A, A], out=out) is out and torch.equal(out, torch.stack([x, x]))
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "dcsr"])
+def test_softmax_has_a_second_derivative(fmt):
+    d = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, -1.0]], dtype=torch.float64)
+    pattern = scorch.as_sparse(d, fmt)
+    X = torch.randn(3, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+
+    def f(v):
+        return (torch.softmax(pattern.with_values(v), 1) @ X).pow(2).sum()
+    v = pattern.values().clone().requires_grad_()
+    assert torch.autograd.gradgradcheck(f, (v,))
+    masked = torch.where(d != 0, 0.0, float("-inf"))   # oracle: the dense softmax over the stored entries
+    dv = d.clone().requires_grad_()
+    dense = (torch.softmax(dv + masked, 1) @ X).pow(2).sum()
+    torch.testing.assert_close(torch.autograd.grad(f(v), v)[0], torch.autograd.grad(dense, dv)[0][d != 0])

@@ -205,8 +205,9 @@ def _softmax(x: SparseTensor, dim, log: bool, dtype=None, op="softmax", scale: f
         m = torch.segment_reduce(cols.detach(), "max", lengths=lengths, axis=0, unsafe=True)
         shifted = cols - m.repeat_interleave(lengths, dim=0, output_size=cols.shape[0])
         e = shifted.exp()
-        total = torch.segment_reduce(e, "sum", lengths=lengths, axis=0, unsafe=True)
-        total = total.repeat_interleave(lengths, dim=0, output_size=cols.shape[0])
+        group = torch.repeat_interleave(torch.arange(lengths.numel()), lengths, output_size=cols.shape[0])
+        # (index_add, not segment_reduce's sum: its backward has no derivative, double backward needs one)
+        total = torch.zeros((lengths.numel(), cols.shape[1]), dtype=e.dtype).index_add(0, group, e)[group]
         res = (shifted - total.log() if log else e / total).reshape(-1)
         return x.detach().with_values(res) if res.requires_grad else x._like(values=res, nnz=x._stored)
     coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
