@@ -571,3 +571,19 @@ def test_softmax_has_a_second_derivative(fmt):
     dv = d.clone().requires_grad_()
     dense = (torch.softmax(dv + masked, 1) @ X).pow(2).sum()
     torch.testing.assert_close(torch.autograd.grad(f(v), v)[0], torch.autograd.grad(dense, dv)[0][d != 0])
+
+
+def test_forward_mode_ad_carries_tangents_through_sparse_products():
+    import torch.autograd.forward_ad as fwAD
+    g = torch.Generator().manual_seed(0)
+    Wd = torch.randn(4, 3, generator=g) * (torch.rand(4, 3, generator=g) > 0.5)
+    W, b = scorch.as_sparse(Wd, "csr"), torch.randn(4, generator=g)
+    x, t, tb = torch.randn(5, 3, generator=g), torch.randn(5, 3, generator=g), torch.randn(4, generator=g)
+    with fwAD.dual_level():
+        d, db = fwAD.make_dual(x, t), fwAD.make_dual(b, tb)
+        for got, want in [(torch.nn.functional.linear(d, W), t @ Wd.t()),
+                          (torch.nn.functional.linear(d, W, db), t @ Wd.t() + tb),
+                          (W @ fwAD.make_dual(x.t().contiguous(), t.t().contiguous()), Wd @ t.t())]:
+            tangent = fwAD.unpack_dual(got).tangent
+            assert tangent is not None
+            torch.testing.assert_close(tangent, want)

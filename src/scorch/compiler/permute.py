@@ -14,6 +14,7 @@ element at a time (256 x 1024 floats: 128 -> 24 us on 2 cores here).
 from __future__ import annotations
 
 import torch
+import torch.autograd.forward_ad as _fwAD
 
 from . import build, codegen
 from .ir import Addr, Assign, Block, Call, Const, Decl, Eval, For, If, Kernel, Param, Parallel, Var
@@ -68,7 +69,8 @@ def transposed(x: torch.Tensor) -> torch.Tensor:
     float64 CPU tensor (no grad), else torch's copy."""
     vtype = _VTYPES.get(x.dtype)
     if (vtype is None or x.dim() != 2 or not x.is_contiguous() or x.device.type != "cpu"
-            or (x.requires_grad and torch.is_grad_enabled()) or not build.have_compiler()):
+            or (x.requires_grad and torch.is_grad_enabled()) or not build.have_compiler()
+            or _fwAD._current_level >= 0):   # (a forward-mode AD level: torch's copy keeps a tangent)
         return x.t().contiguous()
     rows, cols = x.shape
     out = torch.empty((cols, rows), dtype=x.dtype)

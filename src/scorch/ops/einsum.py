@@ -14,6 +14,7 @@ import dataclasses
 import functools
 
 import torch
+import torch.autograd.forward_ad as _fwAD
 
 from .. import config, runtime
 from .._dispatch import implements
@@ -82,9 +83,14 @@ def _einsum(equation: str, operands, format, init):
         out = torch.einsum(equation, *[x.to(common) for x in dense])   # (scorch's kernels promote: so here)
         return out + sum(init) if init else out
     tensors = operands + init
-    if torch.is_grad_enabled() and _any_requires_grad(tensors):
+    if (torch.is_grad_enabled() and _any_requires_grad(tensors)) or (_fwAD._current_level >= 0 and _dual(tensors)):
         return _Einsum.apply(equation, format, len(init), *driver._operands(operands), *init)
     return driver.run(key, equation, operands, format, init)
+
+
+def _dual(tensors) -> bool:
+    """Whether a forward-mode AD level is on and some operand carries a tangent (a dual tensor)."""
+    return any(isinstance(x, torch.Tensor) and _fwAD.unpack_dual(x).tangent is not None for x in tensors)
 
 
 def _broadcast_sparse(equation: str, operands: tuple) -> tuple:
@@ -253,10 +259,31 @@ def einsum_add(equation: str, operands, init):
 class _Einsum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, equation, format, n_init, *tensors):
-        ctx.equation, ctx.n_init = equation, n_init
+        ctx.equation, ctx.n_init, ctx.format = equation, n_init, format
         ctx.save_for_backward(*tensors)
+        ctx.save_for_forward(*tensors)
         ops, init = tensors[:len(tensors) - n_init], tensors[len(tensors) - n_init:]
         return driver.einsum(equation, *ops, format=format, init=init)
+
+    @staticmethod
+    def jvp(ctx, _equation, _format, _n_init, *tangents):
+        """Forward mode: the einsum is linear in each operand, so the output's tangent is the sum
+        over operands of the einsum with that operand replaced by its tangent (+ the init's)."""
+        tensors = ctx.saved_tensors
+        n = len(tensors) - ctx.n_init
+        out = None
+        for k, t in enumerate(tangents):
+            if t is None or (isinstance(t, SparseTensor) and not bool(t._values.any())):
+                continue   # (an operand without a tangent: torch hands a SparseTensor one of zeros)
+            if k >= n:
+                term = t
+            else:
+                ops = tensors[:k] + (t,) + tensors[k + 1:n]
+                term = driver.einsum(ctx.equation, *ops, format=ctx.format)
+            out = term if out is None else out + term
+        if isinstance(out, SparseTensor):
+            raise NotSupportedError(f"einsum {ctx.equation!r}: forward-mode AD of a sparse result is not supported")
+        return out
 
     @staticmethod
     def backward(ctx, grad):
