@@ -587,3 +587,17 @@ def test_forward_mode_ad_carries_tangents_through_sparse_products():
             tangent = fwAD.unpack_dual(got).tangent
             assert tangent is not None
             torch.testing.assert_close(tangent, want)
+
+
+def test_autocast_gives_its_dtype_for_sparse_products():
+    g = torch.Generator().manual_seed(0)
+    Wd = torch.randn(4, 8, generator=g) * (torch.rand(4, 8, generator=g) > 0.5)
+    W, b, x = scorch.as_sparse(Wd, "csr"), torch.randn(4, generator=g), torch.randn(3, 8, generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for got, want in [(torch.nn.functional.linear(x, W, b), torch.nn.functional.linear(x, Wd, b)),
+                          (x @ W.t(), x @ Wd.t()), (torch.mm(W, x.t()), torch.mm(Wd, x.t()))]:
+            assert got.dtype == want.dtype == torch.bfloat16
+            torch.testing.assert_close(got.float(), want.float(), atol=0.05, rtol=0.02)
+        W64 = scorch.as_sparse(Wd.double(), "csr")
+        assert (W64 @ x.double().t()).dtype == torch.float64          # autocast leaves float64 alone
+    assert (x @ W.t()).dtype == torch.float32

@@ -37,6 +37,28 @@ def implements(*funcs):
     return register
 
 
+def autocast_lower_precision(*funcs):
+    """torch's autocast "lower precision" ops among the registered ``funcs`` (products, linear,
+    convolutions): under ``torch.autocast("cpu")`` a float32 result comes back in the autocast
+    dtype, as torch's own does (scorch computes it in float32: its kernels have no bfloat16 form);
+    float64 results stay, as autocast leaves float64 inputs alone."""
+    for f in funcs:
+        impl = _FUNCTIONS.get(f)
+        if impl is None or getattr(impl, "_autocast", False):
+            continue
+
+        @functools.wraps(impl)
+        def run(*args, _impl=impl, **kwargs):
+            if not torch._C._is_any_autocast_enabled() or not torch.is_autocast_enabled("cpu"):
+                return _impl(*args, **kwargs)
+            with torch.autocast("cpu", enabled=False):
+                out = _impl(*args, **kwargs)
+            return out.to(torch.get_autocast_dtype("cpu")) if isinstance(out, torch.Tensor) \
+                and out.dtype == torch.float32 else out
+        run._autocast = True
+        _FUNCTIONS[f] = run
+
+
 def implements_aten(*ops):
     def register(impl):
         for op in ops:

@@ -2,11 +2,21 @@
 built on the compiler.  Registered in the dispatch table so plain ``torch.*``
 calls and operators on a SparseTensor land here."""
 
+import torch as _torch
+
 # importing each module registers its ops in the dispatch table
 from . import (activations, binary, composite, conv, gather, matrix, order, pointwise, reduce, replicate,  # noqa: F401
                shape, statistics, unguarded)
+from .._dispatch import autocast_lower_precision
 from .einsum import einsum, explain
 from .linalg import matmul
 from .rearrange import rearrange
 
 __all__ = ["einsum", "explain", "matmul", "rearrange"]
+
+autocast_lower_precision(   # torch's CPU autocast list: under torch.autocast these give its dtype
+    _torch.matmul, _torch.Tensor.matmul, _torch.Tensor.__matmul__, _torch.Tensor.__rmatmul__, _torch.mm,
+    _torch.Tensor.mm, _torch.bmm, _torch.Tensor.bmm, _torch.addmm, _torch.Tensor.addmm, _torch.baddbmm,
+    _torch.Tensor.baddbmm, _torch.addbmm, _torch.Tensor.addbmm, _torch.einsum, _torch.nn.functional.linear,
+    _torch.conv1d, _torch.conv2d, _torch.conv3d, _torch.conv_transpose1d, _torch.conv_transpose2d,
+    _torch.conv_transpose3d)
