@@ -601,3 +601,14 @@ def test_autocast_gives_its_dtype_for_sparse_products():
         W64 = scorch.as_sparse(Wd.double(), "csr")
         assert (W64 @ x.double().t()).dtype == torch.float64          # autocast leaves float64 alone
     assert (x @ W.t()).dtype == torch.float32
+
+
+def test_auto_sparsify_keeps_dense_results_dense(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(100, 100, generator=g) * (torch.rand(100, 100, generator=g) < 0.02)
+    y = torch.randn(100, 100, generator=g)
+    monkeypatch.setattr(scorch.config, "auto_sparsify", True)
+    for eq, ops in (("ij,ij->ij", (x, y)), ("ij->ji", (x,)), ("ij,jk->ik", (x, y))):
+        out = scorch.einsum(eq, *ops)
+        assert type(out) is torch.Tensor
+        torch.testing.assert_close(out, torch.einsum(eq, *ops))

@@ -53,7 +53,10 @@ def einsum(equation: str, *operands, format=None):
         except (RuntimeError, NotImplementedError):
             if not any(map(is_torch_sparse, operands)):
                 raise
-    return _einsum(equation, operands, format, ())
+    out = _einsum(equation, operands, format, ())
+    if format is None and isinstance(out, SparseTensor) and not any(map(is_torch_sparse, operands)):
+        return out.to_dense()   # auto_sparsify ran dense operands sparse: the result is torch's kind, dense
+    return out
 
 
 try:   # TorchScript compiles a call of scorch.einsum (`import scorch as torch`) as aten::einsum
