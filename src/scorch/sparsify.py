@@ -64,7 +64,10 @@ class Sparsifier:
     """Chooses the entries of a dense tensor to keep; ``sparsifier(w, format)`` stores exactly
     those (an exact zero among them stays stored) as a SparseTensor in ``format`` -- in the
     autograd graph when ``w`` requires grad (a sparsified activation passes gradients back at the
-    kept entries)."""
+    kept entries).  A blocked format (BSR, a schedule's ``.block()``) stores whole blocks: every
+    block holding a kept entry is stored with its other entries as explicit zeros, and those train
+    like the rest (the block is the unit of sparsity; choose blocks with a block sparsifier, e.g.
+    ``BlockFractionSparsifier``, when that is the intent)."""
 
     def mask(self, tensor: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
