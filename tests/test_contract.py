@@ -612,3 +612,21 @@ def test_auto_sparsify_keeps_dense_results_dense(monkeypatch):
         out = scorch.einsum(eq, *ops)
         assert type(out) is torch.Tensor
         torch.testing.assert_close(out, torch.einsum(eq, *ops))
+
+
+def test_torch_func_transforms_over_dense_inputs_of_sparse_products():
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(0)
+    Wd = torch.randn(4, 3, generator=g) * (torch.rand(4, 3, generator=g) > 0.5)
+    W, b, x = scorch.as_sparse(Wd, "csr"), torch.randn(4, generator=g), torch.randn(6, 5, 3, generator=g)
+    cases = [lambda M: torch.func.vmap(lambda a: F.linear(a, M, b))(x),
+             lambda M: torch.func.vmap(lambda a: M @ a)(x[0]),
+             lambda M: torch.func.jacrev(lambda a: F.linear(a, M, b))(x[0]),
+             lambda M: torch.func.jacfwd(lambda a: M @ a)(x[0, 0]),
+             lambda M: torch.func.jvp(lambda a: F.linear(a, M, b), (x[0],), (x[1],)),
+             lambda M: torch.func.hessian(lambda a: (M @ a).pow(2).sum())(x[0, 0]),
+             lambda M: torch.func.vmap(torch.func.grad(lambda a: F.linear(a, M).pow(2).sum()))(x)]
+    for f in cases:
+        got, want = f(W), f(Wd)
+        for p, q in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-5)

@@ -70,7 +70,8 @@ def transposed(x: torch.Tensor) -> torch.Tensor:
     vtype = _VTYPES.get(x.dtype)
     if (vtype is None or x.dim() != 2 or not x.is_contiguous() or x.device.type != "cpu"
             or (x.requires_grad and torch.is_grad_enabled()) or not build.have_compiler()
-            or _fwAD._current_level >= 0):   # (a forward-mode AD level: torch's copy keeps a tangent)
+            or _fwAD._current_level >= 0 or torch._C._functorch.maybe_current_level() is not None):
+        # (forward-mode AD or a torch.func transform: torch's copy keeps the tangent / the wrapping)
         return x.t().contiguous()
     rows, cols = x.shape
     out = torch.empty((cols, rows), dtype=x.dtype)

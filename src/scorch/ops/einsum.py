@@ -86,9 +86,22 @@ def _einsum(equation: str, operands, format, init):
         out = torch.einsum(equation, *[x.to(common) for x in dense])   # (scorch's kernels promote: so here)
         return out + sum(init) if init else out
     tensors = operands + init
-    if (torch.is_grad_enabled() and _any_requires_grad(tensors)) or (_fwAD._current_level >= 0 and _dual(tensors)):
+    if (torch.is_grad_enabled() and _any_requires_grad(tensors)) or _functorch_level() is not None \
+            or (_fwAD._current_level >= 0 and _dual(tensors)):   # (torch.func transforms: the Function's rules)
         return _Einsum.apply(equation, format, len(init), *driver._operands(operands), *init)
     return driver.run(key, equation, operands, format, init)
+
+
+_functorch_level = torch._C._functorch.maybe_current_level   # None outside torch.func transforms
+
+
+def _unwrapped(x):
+    """A SparseTensor that torch.func wrapped for its transform (jvp hands the rule wrapped inputs):
+    the SparseTensor itself, whose kernels the einsum runs; anything else as it is."""
+    inner = x
+    while isinstance(inner, torch.Tensor) and torch._C._functorch.is_gradtrackingtensor(inner):
+        inner = torch._C._functorch.get_unwrapped(inner)
+    return inner if isinstance(inner, SparseTensor) else x
 
 
 def _dual(tensors) -> bool:
@@ -261,18 +274,42 @@ def einsum_add(equation: str, operands, init):
 
 class _Einsum(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, equation, format, n_init, *tensors):
-        ctx.equation, ctx.n_init, ctx.format = equation, n_init, format
-        ctx.save_for_backward(*tensors)
-        ctx.save_for_forward(*tensors)
+    def forward(equation, format, n_init, *tensors):
         ops, init = tensors[:len(tensors) - n_init], tensors[len(tensors) - n_init:]
         return driver.einsum(equation, *ops, format=format, init=init)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        equation, format, n_init, *tensors = inputs
+        ctx.equation, ctx.n_init, ctx.format = equation, n_init, format
+        ctx.save_for_backward(*tensors)
+        ctx.inputs = tuple(tensors)   # (jvp reads them as they came: under torch.func a saved SparseTensor is wrapped)
+
+    @staticmethod
+    def vmap(info, in_dims, equation, format, n_init, *tensors):
+        """``torch.func.vmap``: each batched dense operand's batch dim becomes a new index of the
+        equation, at the front of the result (a batched sparse operand or init: not supported)."""
+        dims = in_dims[3:]
+        ops = tensors[:len(tensors) - n_init]
+        if any(d is not None for d in dims[len(ops):]) or any(
+                d is not None and isinstance(t, SparseTensor) for t, d in zip(ops, dims)):
+            raise NotSupportedError(f"einsum {equation!r}: vmap over a sparse operand or an init operand is not "
+                                    "supported; vmap over the dense operands")
+        ein = parse(equation, [tuple(x.shape) if d is None else tuple(x.shape[:d] + x.shape[d + 1:])
+                               for x, d in zip(ops, dims)])
+        used = set("".join(ein.inputs) + ein.output)
+        b = next(c for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in used)
+        terms = [t if d is None else b + t for t, d in zip(ein.inputs, dims)]
+        moved = [x if d is None else x.movedim(d, 0) for x, d in zip(ops, dims)]
+        out = _Einsum.apply(",".join(terms) + "->" + b + ein.output, format, n_init, *moved,
+                            *tensors[len(ops):])
+        return out, 0
 
     @staticmethod
     def jvp(ctx, _equation, _format, _n_init, *tangents):
         """Forward mode: the einsum is linear in each operand, so the output's tangent is the sum
         over operands of the einsum with that operand replaced by its tangent (+ the init's)."""
-        tensors = ctx.saved_tensors
+        tensors = ctx.inputs
         n = len(tensors) - ctx.n_init
         out = None
         for k, t in enumerate(tangents):
@@ -282,7 +319,8 @@ class _Einsum(torch.autograd.Function):
                 term = t
             else:
                 ops = tensors[:k] + (t,) + tensors[k + 1:n]
-                term = driver.einsum(ctx.equation, *ops, format=ctx.format)
+                term = (einsum if _functorch_level() is not None else driver.einsum)(
+                    ctx.equation, *map(_unwrapped, ops), format=ctx.format)
             out = term if out is None else out + term
         if isinstance(out, SparseTensor):
             raise NotSupportedError(f"einsum {ctx.equation!r}: forward-mode AD of a sparse result is not supported")
