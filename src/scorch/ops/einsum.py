@@ -283,7 +283,9 @@ class _Einsum(torch.autograd.Function):
         equation, format, n_init, *tensors = inputs
         ctx.equation, ctx.n_init, ctx.format = equation, n_init, format
         ctx.save_for_backward(*tensors)
-        ctx.inputs = tuple(tensors)   # (jvp reads them as they came: under torch.func a saved SparseTensor is wrapped)
+        if _fwAD._current_level >= 0 or _functorch_level() is not None:   # for jvp, as they came (under
+            ctx.inputs = tuple(tensors)   # torch.func a saved SparseTensor comes back wrapped); not otherwise:
+            # a ctx attribute would hold them past saved-tensor hooks (activation checkpointing)
 
     @staticmethod
     def vmap(info, in_dims, equation, format, n_init, *tensors):
