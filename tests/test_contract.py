@@ -630,3 +630,22 @@ def test_torch_func_transforms_over_dense_inputs_of_sparse_products():
         got, want = f(W), f(Wd)
         for p, q in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
             torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "ell"])
+@pytest.mark.parametrize("opt", ["Adam", "AdamW", "SGD", "Adagrad"])
+def test_fused_optimizers_step_sparse_parameters(fmt, opt):
+    w = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]])
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    kw = {"SGD": {"momentum": 0.9, "nesterov": True}, "Adam": {"amsgrad": True, "weight_decay": 0.1}}.get(opt, {})
+    make = lambda ps: getattr(torch.optim, opt)(ps, lr=0.1, fused=True, **kw)   # noqa: E731
+    p, q = torch.nn.Parameter(scorch.as_sparse(w, fmt)), torch.nn.Parameter(w.clone())
+    b, c = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))   # a dense one beside it
+    op, oq = make([p, b]), make([q, c])
+    for _ in range(3):
+        (x @ p.t() + b).pow(2).sum().backward()
+        (x @ q.t() + c).pow(2).sum().backward()
+        q.grad *= w != 0
+        op.step(), oq.step(), op.zero_grad(), oq.zero_grad()
+    torch.testing.assert_close(p.detach().to_dense(), q.detach())
+    torch.testing.assert_close(b.detach(), c.detach())

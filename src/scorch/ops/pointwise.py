@@ -537,6 +537,46 @@ def _amp_unscale_(grads, found_inf, inv_scale):
         [g._values if isinstance(g, SparseTensor) else g for g in grads], found_inf, inv_scale)
 
 
+def _fused_step(func):
+    """A fused optimizer step (``Adam(fused=True)``'s ``_fused_adam_``...) on the stored values: every
+    per-parameter list entry of a SparseTensor parameter (its gradient, its state) holds its pattern,
+    as the optimizers build them, and the op runs on their values arrays."""
+    def step(*args, **kwargs):
+        params = args[0]
+        args, back = list(args), []
+        for k, arg in enumerate(args):
+            if not isinstance(arg, (list, tuple)) or len(arg) != len(params):
+                continue
+            out = []
+            for p, t in zip(params, arg):
+                sparse = isinstance(p, SparseTensor)
+                if isinstance(t, SparseTensor) and sparse and same_pattern(p, t):
+                    t = t._values
+                elif sparse and type(t) is torch.Tensor and tuple(t.shape) == p._shape:
+                    at = stored(p)   # a dense state (Adagrad's full_like sums): its values at the entries,
+                    back.append((t, at, project(t, p, at)))   # written back after the step
+                    t = back[-1][2]
+                elif isinstance(t, SparseTensor) or (sparse and t.numel() != 1):   # (a step count: as it is)
+                    raise NotSupportedError(f"{func.overloadpacket.__name__}: a SparseTensor parameter needs its "
+                                            "gradient and state in its own pattern (another pattern here); use "
+                                            "fused=False")
+                out.append(t)
+            args[k] = out
+        func(*args, **kwargs)
+        for t, (coords, where), values in back:
+            t.index_put_(tuple(coords), values[where])
+        for p in params:
+            if isinstance(p, SparseTensor):
+                _clear_padding(p)
+    return step
+
+
+for _op in (torch.ops.aten._fused_adam_, torch.ops.aten._fused_adamw_, torch.ops.aten._fused_sgd_,
+            torch.ops.aten._fused_adagrad_):
+    for _name in _op.overloads():
+        implements_aten(getattr(_op, _name))(_fused_step(getattr(_op, _name)))
+
+
 # ------------------------------------------------------------------ random fills: the stored values, as every in-place op
 
 def _fill_stored(func):
