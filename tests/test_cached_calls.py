@@ -99,3 +99,33 @@ def test_torch_ops_called_again_on_new_data_read_only_it(problem):
         got = OPS[name](a, b)
         want = OPS[name](dense(a), dense(b))
         torch.testing.assert_close(dense(got), want, atol=1e-9, rtol=1e-9, equal_nan=True)
+
+
+def test_the_front_door_s_bound_call_steps_aside_whenever_the_general_path_differs(monkeypatch):
+    """A repeated ``einsum(eq, A, x)`` runs its bound kernel from the front door; grad, a torch.func
+    transform, forward-mode AD, dense dispatch and a size-1 broadcast still take the general path.
+    Oracle: dense torch."""
+    import torch.autograd.forward_ad as fwAD
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(6, 5, generator=g) * (torch.rand(6, 5, generator=g) < 0.4)
+    A, x = scorch.as_sparse(a, "csr"), torch.randn(5, generator=g)
+    monkeypatch.setattr(scorch.config, "dispatch", "sparse")
+    for _ in range(2):   # the second call: the bound kernel
+        torch.testing.assert_close(scorch.einsum("ij,j->i", A, x), a @ x)
+        torch.testing.assert_close(A @ x, a @ x)
+    xg = x.clone().requires_grad_()
+    scorch.einsum("ij,j->i", A, xg).sum().backward()
+    torch.testing.assert_close(xg.grad, a.sum(0))
+    Ag = A.clone().requires_grad_()
+    scorch.einsum("ij,j->i", Ag, x).sum().backward()
+    torch.testing.assert_close(Ag.grad.to_dense(), (a != 0) * x)
+    with fwAD.dual_level():
+        tangent = fwAD.unpack_dual(scorch.einsum("ij,j->i", A, fwAD.make_dual(x, torch.ones(5)))).tangent
+    torch.testing.assert_close(tangent, a.sum(1))
+    torch.testing.assert_close(torch.func.vmap(lambda v: scorch.einsum("ij,j->i", A, v))(x[None].expand(3, 5)),
+                               (a @ x)[None].expand(3, 6))
+    monkeypatch.setattr(scorch.config, "dispatch", "dense")
+    torch.testing.assert_close(scorch.einsum("ij,j->i", A, x), a @ x)
+    B = scorch.as_sparse(a[:1], "csr")   # a size-1 dim broadcast against the dense operand
+    torch.testing.assert_close(scorch.einsum("ij,ij->ij", B, x.expand(6, 5).contiguous()).to_dense(),
+                               a[:1] * x.expand(6, 5))
