@@ -649,3 +649,41 @@ def test_fused_optimizers_step_sparse_parameters(fmt, opt):
         op.step(), oq.step(), op.zero_grad(), oq.zero_grad()
     torch.testing.assert_close(p.detach().to_dense(), q.detach())
     torch.testing.assert_close(b.detach(), c.detach())
+
+
+@pytest.mark.parametrize("opt", ["Adam", "AdamW", "Adam-amsgrad", "Adamax", "RMSprop", "Adagrad", "NAdam", "RAdam"])
+def test_optimizers_follow_a_parameter_whose_pattern_was_replaced(opt):
+    """``p.data.copy_(q)`` with a pattern neither inside nor around p's (the optimizer's state stays
+    in the old one): the next steps match the dense model masked by the current pattern (they gave
+    NaN, or raised for amsgrad / Adamax)."""
+    name, _, variant = opt.partition("-")
+    make = lambda ps: getattr(torch.optim, name)(ps, lr=0.1, **({"amsgrad": True} if variant else {}))  # noqa: E731
+    w = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]])
+    q = torch.tensor([[0.0, 4.0, 2.0], [5.0, 0.0, 0.0]])
+    x = torch.randn(3, 2, generator=torch.Generator().manual_seed(0))
+    p, d = torch.nn.Parameter(scorch.as_sparse(w, "csr")), torch.nn.Parameter(w.clone())
+    op, od = make([p]), make([d])
+    for step in range(3):
+        if step == 1:
+            with torch.no_grad():
+                p.data.copy_(scorch.as_sparse(q, "csr"))
+                d.data.copy_(q)
+        mask = p.detach().to_dense() != 0
+        (p @ x).sum().backward()
+        (d @ x).sum().backward()
+        d.grad.mul_(mask)
+        op.step(), od.step(), op.zero_grad(), od.zero_grad()
+    torch.testing.assert_close(p.detach().to_dense(), d.detach())
+
+
+def test_addcdiv_and_addcmul_with_sparse_operands_of_other_patterns():
+    P = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]])
+    Q = torch.tensor([[0.0, 4.0, 2.0], [5.0, 0.0, 1.0]])
+    x = scorch.as_sparse(P, "csr")
+    x.addcmul_(scorch.as_sparse(P, "csr"), scorch.as_sparse(Q, "csr"), value=2.0)
+    assert torch.equal(x.to_dense(), torch.addcmul(P, P, Q, value=2.0))
+    y = scorch.as_sparse(P, "csr")
+    t1, t2 = scorch.as_sparse(Q, "coo"), scorch.as_sparse(Q + (Q != 0), "csr")
+    y.addcdiv_(t1, t2, value=-0.5)                   # the quotient on t1's entries (an absent t1 adds 0)
+    want = P + torch.where(Q != 0, -0.5 * Q / torch.where(Q != 0, Q + 1, 1.0), 0.0)
+    torch.testing.assert_close(y.to_dense(), want)

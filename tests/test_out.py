@@ -119,8 +119,8 @@ ELEMENTWISE_OUT = {  # name: (f(a, b, out), the result's pattern is A's)
 @pytest.mark.parametrize("name", list(ELEMENTWISE_OUT))
 def test_elementwise_out(name):
     """Elementwise ops with out=: a dense out takes the (densified) result; a SparseTensor out
-    takes a result in its own pattern and refuses any other (the result went into a dense copy
-    of it and was lost)."""
+    takes a result in its own pattern in place, and any other as ``copy_`` takes it (its pattern
+    becomes the result's nonzeros; the result went into a dense copy of it and was lost once)."""
     f, in_pattern = ELEMENTWISE_OUT[name]
     A, B = scorch.as_sparse(X, "csr"), scorch.as_sparse(rnd(4, 5, seed=9), "coo")
     want = f(X, B.to_dense())
@@ -130,10 +130,7 @@ def test_elementwise_out(name):
         assert f(A, B, out=out) is out
     torch.testing.assert_close(out, want)
     C = A.clone()
-    if in_pattern:
-        assert f(A, B, out=C) is C
-        torch.testing.assert_close(C.to_dense(), want)
-    else:
-        with pytest.raises(NotImplementedError, match="out= is a SparseTensor"):
-            f(A, B, out=C)
-        torch.testing.assert_close(C.to_dense(), X)   # untouched
+    values = C._values
+    assert f(A, B, out=C) is C
+    torch.testing.assert_close(C.to_dense(), want)
+    assert (C._values is values) == in_pattern   # in place in its pattern, new storage otherwise

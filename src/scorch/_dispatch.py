@@ -119,12 +119,14 @@ def write_out(name: str, result, out, densify: bool = False):
         torch.autograd.graph.increment_version(out)
         return out
     if densify and isinstance(out, SparseTensor):
-        if not (isinstance(result, SparseTensor) and _same_pattern(result, out)):
-            raise NotSupportedError(f"{name}: out= is a SparseTensor, and this result is not in its pattern "
-                                    f"({'another pattern' if isinstance(result, SparseTensor) else 'dense'}); "
-                                    "use the returned tensor")
         if result.dtype != out.dtype:
             raise ScorchValueError(f"{name}: out= has dtype {out.dtype}, the result has {result.dtype}")
+        if not (isinstance(result, SparseTensor) and _same_pattern(result, out)):
+            if tuple(result.shape) != out._shape:
+                raise NotSupportedError(f"{name}: out= is a SparseTensor of shape {out._shape}, the result has shape "
+                                        f"{tuple(result.shape)}; use the returned tensor")
+            with torch.no_grad():   # another pattern: out takes the result's, as copy_ does (amsgrad's
+                return out.copy_(result)   # maximum(max_sq, sq, out=max_sq) after the parameter grew)
         out._values.copy_(result._values)
         torch.autograd.graph.increment_version(out)
         return out

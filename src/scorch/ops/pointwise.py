@@ -122,6 +122,9 @@ def pointwise(func, args, kwargs):
         at = stored(ref)   # prelu's per-channel weight, a clamp's per-column bound: read at the entries
         vargs, vkwargs = map_sparse(_values_of, *_dense_at(args, kwargs, ref, at))
         return ref._like(values=func(*vargs, **vkwargs), nnz=ref._stored)
+    if not shared and mutable and args[0] is ref and func in _ADDC and isinstance(args[1], SparseTensor) \
+            and not all(same_pattern(ref, s) for s in sparse[1:]):
+        return _addc_other_patterns(func, args, kwargs)
     if not shared and mutable and args[0] is ref:
         if not all(same_pattern(ref, s) for s in sparse[1:]):   # another pattern: read as a dense operand
             check_dense_size(f"{func.overloadpacket.__name__} in place reads a SparseTensor of another pattern "
@@ -151,6 +154,24 @@ def pointwise(func, args, kwargs):
     if out.shape == ref._values.shape and out.is_contiguous():
         return ref._on_pattern(out)   # the pattern as it is: nothing to check again
     return ref._like(values=out, nnz=ref._stored)
+
+
+_ADDC = {torch.ops.aten.addcmul_.default: torch.mul, torch.ops.aten.addcdiv_.default: torch.div}
+
+
+def _addc_other_patterns(func, args, kwargs):
+    """``x.addcmul_(t1, t2, value=v)`` / ``addcdiv_`` with a sparse ``t1`` of another pattern than
+    ``x``'s (an optimizer's state after its parameter's pattern changed): ``x += v * t1 (op) t2`` with
+    the product or quotient taken on ``t1``'s entries -- an absent numerator contributes 0, not the
+    0 / 0 a dense read of a sparse denominator would give -- and added as ``add_`` adds another
+    pattern (entries it makes nonzero join ``x``'s)."""
+    self, t1, t2 = args[:3]
+    value = args[3] if len(args) > 3 else kwargs.get("value", 1)
+    if _ADDC[func] is torch.mul:
+        update = t1 * t2
+    else:
+        update = t1._like(values=t1._values / project(t2, t1), nnz=t1._stored)
+    return torch.ops.aten.add_.Tensor(self, update, alpha=value)
 
 
 def _zero_beside_small_dense(func, args, kwargs, ref: SparseTensor) -> bool:
