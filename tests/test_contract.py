@@ -687,3 +687,36 @@ def test_addcdiv_and_addcmul_with_sparse_operands_of_other_patterns():
     y.addcdiv_(t1, t2, value=-0.5)                   # the quotient on t1's entries (an absent t1 adds 0)
     want = P + torch.where(Q != 0, -0.5 * Q / torch.where(Q != 0, Q + 1, 1.0), 0.0)
     torch.testing.assert_close(y.to_dense(), want)
+
+
+def test_gradients_of_ties_follow_torch():
+    X = torch.tensor([[2.0, 0.0, 2.0], [1.0, 2.0, 0.0]])
+    for f in (lambda t: t.max(dim=1).values.sum(), lambda t: t.min(dim=0).values.sum(), lambda t: t.median(),
+              lambda t: torch.nanmedian(t)):
+        D = X.clone().requires_grad_()
+        S = scorch.as_sparse(X, "csr").requires_grad_()
+        f(D).backward()
+        f(S).backward()
+        torch.testing.assert_close(f(S), f(D))
+        torch.testing.assert_close(S.grad.to_dense(), D.grad * (X != 0))   # (absent entries: outside the pattern)
+
+
+def test_secondary_sparse_arguments_and_integer_features():
+    D = torch.arange(12.0).view(3, 4)
+    v, w = torch.tensor([0, 3, 0, 1]), torch.tensor([0.5, 0.0, 2.0, 0.0])
+    idx = torch.tensor([[3, 0], [1, 1], [2, 0]])
+    S = lambda t: scorch.as_sparse(t, "coo")   # noqa: E731
+    assert torch.equal(torch.bincount(v, weights=S(w)), torch.bincount(v, weights=w))
+    assert torch.equal(torch.gather(D, 1, S(idx)), torch.gather(D, 1, idx))
+    assert torch.equal(torch.take(D, S(idx)), torch.take(D, idx))
+    assert torch.equal(torch.take_along_dim(D, S(idx), 1), torch.take_along_dim(D, idx, 1))
+    with pytest.raises(ValueError, match="inf norm on an empty tensor"):
+        torch.linalg.vector_norm(scorch.as_sparse(torch.zeros(0, 3), "csr"), float("inf"))
+    torch.manual_seed(0)
+    m = scorch.nn.Recommender(7, 6, dim=3)
+    uf = (torch.rand(4, 7) < 0.5).long()
+    itf = (torch.rand(5, 6) < 0.5).long()
+    got = m(scorch.as_sparse(uf, "csr"), scorch.as_sparse(itf, "csr"))   # 0/1 features: the model's floats
+    want = m(scorch.as_sparse(uf.float(), "csr"), scorch.as_sparse(itf.float(), "csr"))
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want)

@@ -67,8 +67,11 @@ class Recommender(nn.Module):
             raise ScorchValueError(f"Recommender: {side}_features must have shape (n, {table.shape[0]}), "
                                    f"got {tuple(features.shape)}")
         feats = features if isinstance(features, SparseTensor) or not is_sparse(features) else as_sparse(features)
-        rep = feats @ table.to(features.dtype)
-        return rep, (None if bias is None else feats @ bias.to(features.dtype))
+        if not features.dtype.is_floating_point:   # multi-hot 0/1 or count features: the model's float dtype
+            feats = feats.to(table.dtype)          # (the table cast to an integer type truncated it to zeros)
+        dtype = feats.dtype
+        rep = feats @ table.to(dtype)
+        return rep, (None if bias is None else feats @ bias.to(dtype))
 
     def forward(self, user_features, item_features, pairs=None):
         U, ub = self.representations(user_features, self.user_embedding, self.user_bias, "user")

@@ -65,7 +65,10 @@ class SparseLinear(nn.Module):
 
     The pattern is ``mask`` when given, else a random ``1 - sparsity`` fraction
     of the entries (drawn from torch's global RNG).  The stored values are
-    initialised like ``nn.Linear`` (uniform in ``+-1/sqrt(in_features)``).
+    initialised like ``nn.Linear`` (uniform in ``+-1/sqrt(in_features)``).  A
+    blocked ``format`` (BSR) stores every block the mask touches whole: its other
+    entries are stored zeros that train like the rest (``sparsity`` then reports
+    the blocks' storage).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, format="csr", *,

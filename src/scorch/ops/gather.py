@@ -46,6 +46,8 @@ def _dense(out):
 @implements(torch.take, torch.Tensor.take)
 def take(input, index):
     """The elements at flat (row-major) positions ``index``, in ``index``'s shape."""
+    if not isinstance(input, SparseTensor) or isinstance(index, SparseTensor):   # a sparse index: densely
+        return _dense_call(torch.take, input, index)
     x = _sparse_input(input, "take")
     return _dense(getitem(x.reshape(-1), (_integer(index, "take"),)))
 
@@ -54,6 +56,8 @@ def take(input, index):
 @accepts_out
 def gather(input, dim, index, *, sparse_grad=False):
     """``out[p] = input[p with its dim-th coordinate replaced by index[p]]``."""
+    if not isinstance(input, SparseTensor) or isinstance(index, SparseTensor):   # a sparse index: densely
+        return _dense_call(torch.gather, input, dim, index, sparse_grad=sparse_grad)
     x = _sparse_input(input, "gather")
     index = _integer(index, "gather")
     d = _dim(dim, x.dim(), "gather")
@@ -80,6 +84,8 @@ def gather(input, dim, index, *, sparse_grad=False):
 def take_along_dim(input, indices, dim=None):
     """``gather`` with ``indices`` broadcast against the input along the other dims (no ``dim``:
     ``take`` on the flattened input)."""
+    if not isinstance(input, SparseTensor) or isinstance(indices, SparseTensor):   # a sparse index: densely
+        return _dense_call(torch.take_along_dim, input, indices, dim)
     if dim is None:
         return take(input, _integer(indices, "take_along_dim").reshape(-1))
     x = _sparse_input(input, "take_along_dim")

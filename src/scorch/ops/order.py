@@ -23,6 +23,7 @@ from .._dispatch import accepts_out, check_dense_size, implements
 from ..convert import sort_keys
 from ..errors import NotSupportedError, ScorchValueError
 from ..tensor import SparseTensor
+from ._pattern import stored
 from .reduce import _entries, _group
 from .shape import _dim, _int
 
@@ -133,7 +134,17 @@ def _median(input, dim, keepdim, op: str, skip_nan: bool):
                 raise ScorchValueError(f"{op}: the tensor has no elements (shape {tuple(input.shape)}), and "
                                        f"{input.dtype} has no NaN")
             return torch.full((), float("nan"), dtype=input.dtype)
-        return _median(flat, 0, False, op, skip_nan)[0]
+        m = _median(flat, 0, False, op, skip_nan)[0]
+        if not (isinstance(input, SparseTensor) and input._needs_grad()):
+            return m
+        # torch's gradient of the whole tensor's median is shared evenly by every element equal to it
+        # (the absent zeros' shares fall outside the pattern); the value stays the exact median
+        vals = input.values()[stored(input)[1]]
+        md = m.detach()
+        tie = vals.detach().isnan() if bool(md.isnan()) else vals.detach() == md
+        ties = int(tie.sum()) + (input.numel() - input._stored if bool(md == 0) else 0)
+        picked = torch.where(tie, vals, torch.zeros((), dtype=vals.dtype)).sum() / max(ties, 1)
+        return md + (picked - picked.detach())
     d = _dim_of(input, dim, op)
     size, fibres = input.shape[d], input.numel() // input.shape[d]
     entries = _fibre_entries(input, d)

@@ -270,6 +270,10 @@ def _norm(x: SparseTensor, ord, dim, keepdim: bool, dtype, dense_norm):
         return dense_norm(_bounded_dense(x, "norm"))
     if dtype is None and x.dtype in _HALF:   # accumulated in float32, as torch's
         return _norm(x.to(torch.float32), ord, dim, keepdim, None, dense_norm).to(x.dtype)
+    if ord == float("inf") and x.numel() == 0 and (dim is None or any(x.shape[d] == 0 for d in _dims(dim, x.dim(),
+                                                                                             "norm"))):
+        raise ScorchValueError("linalg.vector_norm cannot compute the inf norm on an empty tensor because the "
+                               "operation does not have an identity")
     values = x.values() if dtype is None else x.values().to(dtype)
     if dim is None:
         out = torch.linalg.vector_norm(values, ord) if values.numel() else values.new_zeros(())
@@ -649,6 +653,9 @@ def _extreme_along(x: SparseTensor, dim, keepdim: bool, op: str):
     missing = counts.clone().scatter_reduce(0, k[a != rank], rank[a != rank], "amin")
     zero_wins = (values.reshape(-1) == 0) & (counts < x.shape[d])
     index = torch.where(zero_wins, torch.minimum(first_hit, missing), first_hit)
+    if vals.requires_grad and torch.is_grad_enabled():   # the value at the index returned (torch's gradient
+        chosen = along == index[key]                      # goes there alone; amax's splits among ties)
+        values = torch.zeros(groups, dtype=vals.dtype).index_put((key[chosen],), vals[chosen]).reshape(values.shape)
     index = index.reshape([s for i, s in enumerate(x.shape) if i != d])
     if keepdim:
         values, index = values.unsqueeze(d), index.unsqueeze(d)

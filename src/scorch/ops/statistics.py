@@ -15,6 +15,7 @@ from .._dispatch import accepts_out, check_dense_size, implements
 from ..errors import ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
 from .reduce import _dims, _entries, _fibres, _shaped, amax, amin, mean, std, sum_, var
+from .shape import _dense_call
 
 __all__ = ["nansum", "nanmean", "logsumexp", "aminmax", "var_mean", "std_mean", "dist", "unique", "histc", "bincount"]
 
@@ -138,8 +139,8 @@ def histc(input, bins=100, min=0, max=0):
 def bincount(input, weights=None, minlength=0):
     """Counts (or summed ``weights``) per value of a 1-d non-negative integer input; the absent
     elements count in bin 0."""
-    if not isinstance(input, SparseTensor):
-        raise ScorchTypeError("bincount: a SparseTensor is only supported as the input, not as weights")
+    if not isinstance(input, SparseTensor):   # sparse weights of a dense input: densely
+        return _dense_call(torch.bincount, input, weights, minlength)
     if input.dim() != 1:
         raise ScorchValueError(f"bincount: expects a 1-d input, got {input.dim()}-d")
     if isinstance(weights, SparseTensor):
