@@ -720,3 +720,21 @@ def test_secondary_sparse_arguments_and_integer_features():
     want = m(scorch.as_sparse(uf.float(), "csr"), scorch.as_sparse(itf.float(), "csr"))
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want)
+
+
+def test_forward_mode_ad_through_a_sparse_operand_s_values_and_autocast_of_every_product():
+    import torch.autograd.forward_ad as fwAD
+    xd = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]])
+    X = torch.randn(3, 2, generator=torch.Generator().manual_seed(0))
+    A = scorch.as_sparse(xd, "csr")
+    with fwAD.dual_level():
+        At = A.with_values(fwAD.make_dual(A.values().clone(), torch.ones(A.nnz)))
+        want = fwAD.unpack_dual(fwAD.make_dual(xd, (xd != 0).float()) @ X).tangent
+        torch.testing.assert_close(fwAD.unpack_dual(At @ X).tangent, want)
+    Y = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for got, ref in [(scorch.einsum("ij,jk->ik", A, Y), torch.einsum("ij,jk->ik", xd, Y)),
+                         (torch.tensordot(A, Y, dims=1), torch.tensordot(xd, Y, dims=1)),
+                         (torch.sparse.mm(A, Y), torch.sparse.mm(xd.to_sparse(), Y))]:
+            assert got.dtype == ref.dtype == torch.bfloat16
+        assert A.sum().dtype == torch.float32 and (A * 2).dtype == torch.float32   # reductions, elementwise: as they are

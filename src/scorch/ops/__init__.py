@@ -7,16 +7,21 @@ import torch as _torch
 # importing each module registers its ops in the dispatch table
 from . import (activations, binary, composite, conv, gather, matrix, order, pointwise, reduce, replicate,  # noqa: F401
                shape, statistics, unguarded)
-from .._dispatch import autocast_lower_precision
-from .einsum import einsum, explain
+from .._dispatch import _FUNCTIONS, autocast_lower_precision
+from .einsum import explain
 from .linalg import matmul
 from .rearrange import rearrange
 
 __all__ = ["einsum", "explain", "matmul", "rearrange"]
 
-autocast_lower_precision(   # torch's CPU autocast list: under torch.autocast these give its dtype
+autocast_lower_precision(   # the ops torch's CPU autocast runs in its dtype: under torch.autocast, its dtype
     _torch.matmul, _torch.Tensor.matmul, _torch.Tensor.__matmul__, _torch.Tensor.__rmatmul__, _torch.mm,
-    _torch.Tensor.mm, _torch.bmm, _torch.Tensor.bmm, _torch.addmm, _torch.Tensor.addmm, _torch.baddbmm,
-    _torch.Tensor.baddbmm, _torch.addbmm, _torch.Tensor.addbmm, _torch.einsum, _torch.nn.functional.linear,
-    _torch.conv1d, _torch.conv2d, _torch.conv3d, _torch.conv_transpose1d, _torch.conv_transpose2d,
-    _torch.conv_transpose3d)
+    _torch.Tensor.mm, _torch.bmm, _torch.Tensor.bmm, _torch.addmm, _torch.Tensor.addmm, _torch.sparse.addmm,
+    _torch.baddbmm, _torch.Tensor.baddbmm, _torch.addbmm, _torch.Tensor.addbmm, _torch.inner, _torch.Tensor.inner,
+    _torch.tensordot, _torch.einsum, _torch.sparse.mm, _torch.nn.functional.linear, _torch.conv1d, _torch.conv2d,
+    _torch.conv3d, _torch.conv_transpose1d, _torch.conv_transpose2d, _torch.conv_transpose3d)
+einsum = _FUNCTIONS[_torch.einsum]   # scorch.einsum: torch.einsum's implementation, autocast included
+try:   # TorchScript compiles a call of it (`import scorch as torch`) as aten::einsum
+    _torch.jit._builtins._register_builtin(einsum, "aten::einsum")
+except AttributeError:   # pragma: no cover - another torch layout
+    pass

@@ -90,6 +90,9 @@ def _einsum(equation: str, operands, format, init):
         out = torch.einsum(equation, *[x.to(common) for x in dense])   # (scorch's kernels promote: so here)
         return out + sum(init) if init else out
     tensors = operands + init
+    if _fwAD._current_level >= 0 and any(type(x) is SparseTensor and _fwAD.unpack_dual(x._values).tangent
+                                         is not None for x in operands):
+        return _dual_values(equation, operands, format, init)
     if (torch.is_grad_enabled() and _any_requires_grad(tensors)) or _functorch_level() is not None \
             or (_fwAD._current_level >= 0 and _dual(tensors)):   # (torch.func transforms: the Function's rules)
         return _Einsum.apply(equation, format, len(init), *driver._operands(operands), *init)
@@ -106,6 +109,39 @@ def _unwrapped(x):
     while isinstance(inner, torch.Tensor) and torch._C._functorch.is_gradtrackingtensor(inner):
         inner = torch._C._functorch.get_unwrapped(inner)
     return inner if isinstance(inner, SparseTensor) else x
+
+
+def _dual_values(equation: str, operands: tuple, format, init: tuple):
+    """Forward-mode AD where a SparseTensor's values carry the tangent (``A.with_values(dual)``):
+    the einsum of the primals, and as the tangent the sum over operands of the einsum with that
+    operand replaced by its tangent (a SparseTensor's: its pattern holding the values' tangent)."""
+    if torch.is_grad_enabled() and _any_requires_grad(operands + tuple(init)):
+        raise NotSupportedError(f"einsum {equation!r}: forward-mode AD through a SparseTensor's values together "
+                                "with a backward pass is not supported; use one of them (or torch.no_grad())")
+
+    def split(x):
+        if type(x) is SparseTensor:
+            primal, tangent = _fwAD.unpack_dual(x._values)
+            return (x._like(values=primal, nnz=x._stored),
+                    None if tangent is None else x._like(values=tangent, nnz=x._stored))
+        if isinstance(x, torch.Tensor):
+            return tuple(_fwAD.unpack_dual(x))
+        return x, None
+    parts = [split(x) for x in operands]
+    inits = [split(t) for t in init]
+    primals = tuple(p for p, _ in parts)
+    out = driver.einsum(equation, *primals, format=format, init=tuple(p for p, _ in inits))
+    tangent = None
+    for k, (_, t) in enumerate(parts):
+        if t is not None:
+            term = driver.einsum(equation, *(primals[:k] + (t,) + primals[k + 1:]), format=format)
+            tangent = term if tangent is None else tangent + term
+    for _, t in inits:
+        if t is not None:
+            tangent = t if tangent is None else tangent + t
+    if isinstance(out, SparseTensor) or isinstance(tangent, SparseTensor):
+        raise NotSupportedError(f"einsum {equation!r}: forward-mode AD of a sparse result is not supported")
+    return out if tangent is None else _fwAD.make_dual(out, tangent.expand(out.shape).to(out.dtype))
 
 
 def _dual(tensors) -> bool:
