@@ -651,13 +651,16 @@ def test_fused_optimizers_step_sparse_parameters(fmt, opt):
     torch.testing.assert_close(b.detach(), c.detach())
 
 
-@pytest.mark.parametrize("opt", ["Adam", "AdamW", "Adam-amsgrad", "Adamax", "RMSprop", "Adagrad", "NAdam", "RAdam"])
+@pytest.mark.parametrize("opt", ["Adam", "AdamW", "Adam-amsgrad", "Adamax", "RMSprop", "Adagrad", "NAdam", "RAdam",
+                                 "Adam-fused", "AdamW-fused", "SGD-fused", "Adagrad-fused"])
 def test_optimizers_follow_a_parameter_whose_pattern_was_replaced(opt):
     """``p.data.copy_(q)`` with a pattern neither inside nor around p's (the optimizer's state stays
     in the old one): the next steps match the dense model masked by the current pattern (they gave
-    NaN, or raised for amsgrad / Adamax)."""
+    NaN, or raised for amsgrad / Adamax / the fused forms)."""
     name, _, variant = opt.partition("-")
-    make = lambda ps: getattr(torch.optim, name)(ps, lr=0.1, **({"amsgrad": True} if variant else {}))  # noqa: E731
+    extra = {"amsgrad": {"amsgrad": True}, "fused": {"fused": True}}.get(variant, {})
+    extra = {**extra, "momentum": 0.9} if name == "SGD" else extra
+    make = lambda ps: getattr(torch.optim, name)(ps, lr=0.1, **extra)  # noqa: E731
     w = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]])
     q = torch.tensor([[0.0, 4.0, 2.0], [5.0, 0.0, 0.0]])
     x = torch.randn(3, 2, generator=torch.Generator().manual_seed(0))
