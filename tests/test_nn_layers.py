@@ -474,3 +474,20 @@ def test_sparse_features_give_the_dense_features_result_and_gradients(make):
         torch.testing.assert_close(out_s, out_d)
         for gs, gd in zip(grads_s, grads_d):
             torch.testing.assert_close(gs, gd)
+
+
+@pytest.mark.parametrize("make", [lambda: GCNConv(5, 3, cached=True), lambda: SAGEConv(5, 3)])
+def test_a_cached_layer_never_keeps_learned_edge_weights(make):
+    """Edge weights that require grad change between calls (an optimizer step): a cached layer
+    rebuilds the adjacency for them under no_grad too (an eval after training read stale weights)."""
+    layer = randomize(make().double())
+    x = feats()
+    w = torch.nn.Parameter(scorch.from_coo(torch.stack([EDGE_INDEX[1], EDGE_INDEX[0]]), graph_weights(), (N, N),
+                                           format="csr"))
+    with torch.no_grad():
+        before = layer(x, w)
+        w.mul_(3.0)
+        after = layer(x, w)
+    oracle = gcn_oracle if isinstance(layer, GCNConv) else sage_oracle
+    torch.testing.assert_close(after, oracle(layer, x, dense_adj(3.0 * graph_weights())))
+    assert isinstance(layer, SAGEConv) or not torch.allclose(before, after)

@@ -61,13 +61,13 @@ def _edges(adj, num_nodes: int, layer: str):
                           f"(2 x E int64 tensor), got {type(adj).__name__}")
 
 
-def _learned(adj) -> bool:
-    """Whether ``adj``'s values are learned here: they require grad, with grad mode on."""
-    if not torch.is_grad_enabled() or not isinstance(adj, torch.Tensor):
+def _learned(adj, grad_mode_only: bool = True) -> bool:
+    """Whether ``adj``'s values are learned: they require grad (with grad mode on, unless not
+    ``grad_mode_only``: a cache must not keep them under ``no_grad`` either -- they change)."""
+    if (grad_mode_only and not torch.is_grad_enabled()) or not isinstance(adj, torch.Tensor):
         return False
-    if isinstance(adj, SparseTensor):
-        return adj._needs_grad()
-    return adj.requires_grad
+    with torch._C.DisableTorchFunctionSubclass():
+        return adj.requires_grad
 
 
 def _coords(A: SparseTensor):
@@ -222,7 +222,7 @@ class _GraphConv(nn.Module):
         self._cache = _AdjCache()
 
     def _adjacency(self, adj, x, build):
-        if not self.cached or _learned(adj):   # (learned edge weights: a new graph every forward)
+        if not self.cached or _learned(adj, grad_mode_only=False):   # (learned edge weights change: never cached)
             return build()
         return self._cache.get(adj, (x.dtype, x.shape[0]), build)
 
