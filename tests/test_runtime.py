@@ -43,13 +43,24 @@ def test_sparse_operand_runs_sparse_kernels(threshold):
                           rnd(300, 2, density=1)).dispatch.startswith("sparse (density")
 
 
+def _kernel_runs(monkeypatch) -> list:
+    """A list that every einsum running a kernel appends to: the general path (driver.run) or the
+    front door's bound call of a repeated signature (ops.einsum._cached)."""
+    import importlib
+    from scorch.compiler import driver
+    front = importlib.import_module("scorch.ops.einsum")
+    runs = []
+    real, cached = driver.run, front._cached
+    monkeypatch.setattr(driver, "run", lambda *a: runs.append(a) or real(*a))
+    monkeypatch.setattr(front, "_cached", lambda *a: (lambda out: out if out is None else runs.append(a) or out)(
+        cached(*a)))
+    return runs
+
+
 def test_the_path_follows_each_calls_density(threshold, monkeypatch):
     """Operands of one signature (format, shape, dtype) but different densities: the decision is
     taken per call, never cached with the signature."""
-    from scorch.compiler import driver
-    runs = []
-    real = driver.run
-    monkeypatch.setattr(driver, "run", lambda *a: runs.append(a) or real(*a))
+    runs = _kernel_runs(monkeypatch)
     x = rnd(30, 8, density=1)
     for density, kernel in [(0.6, False), (0.05, True), (0.6, False), (0.05, True)]:
         a = rnd(40, 30, density=density, seed=len(runs))
@@ -61,14 +72,7 @@ def test_the_path_follows_each_calls_density(threshold, monkeypatch):
 def test_the_path_follows_the_settings_between_calls(monkeypatch):
     """One signature and density, the dispatch settings changed between calls: each call's path
     follows the settings of its moment (the per-signature memo of decisions keys on them)."""
-    import importlib
-    from scorch.compiler import driver
-    front = importlib.import_module("scorch.ops.einsum")
-    runs = []
-    real, cached = driver.run, front._cached
-    monkeypatch.setattr(driver, "run", lambda *a: runs.append(a) or real(*a))
-    monkeypatch.setattr(front, "_cached", lambda *a: (lambda out: out if out is None else runs.append(a) or out)(
-        cached(*a)))   # (a repeated call runs the bound kernel from the front door)
+    runs = _kernel_runs(monkeypatch)
     a, x = rnd(40, 30, density=0.3), rnd(30, 8, density=1)
     A = scorch.as_sparse(a, "csr")
     for dispatch, threshold, kernel in [("auto", 0.25, False), ("auto", 0.5, True), ("auto", 0.25, False),

@@ -153,17 +153,20 @@ def _cached(equation: str, operands: tuple):
     """``einsum(equation, A, x)`` of a SparseTensor and a dense CPU tensor whose kernel an earlier
     call of the same signature bound (``driver._BOUND``), when nothing else applies -- no grad,
     no transform, sparse dispatch, no auto_sparsify: the bound call directly, without the general
-    path's layers (1.5 of a PubMed SpMV's 5 us over its kernel).  None: take the general path
+    path's layers (1.5 of a PubMed SpMV's 5 us over its kernel; under dispatch "auto", when the
+    operand is surely sparse or the call's decision is memoised as sparse).  None: take the general path
     (an equation :func:`_diagonals` rewrites or operands :func:`_broadcast_sparse` expands have
     no bound call under this key)."""
     a, b = operands
     if type(a) is not SparseTensor or type(b) is not torch.Tensor or b.layout != torch.strided or not b.is_cpu \
             or config.auto_sparsify:
         return None
+    key = (equation, None, torch.get_num_threads(), 0, a._sig, (b.dtype, b.shape, b.stride()))
     mode = config.dispatch
-    if mode != "sparse" and (mode != "auto" or a._density >= runtime.SURELY_SPARSE):
+    if mode != "sparse" and (mode != "auto" or (a._density >= runtime.SURELY_SPARSE and _PATHS.get(
+            (key, mode, config.dense_threshold, a._density)) is not False)):   # (_dense_path's memo: sparse)
         return None
-    bound = driver._BOUND.get((equation, None, torch.get_num_threads(), 0, a._sig, (b.dtype, b.shape, b.stride())))
+    bound = driver._BOUND.get(key)
     if bound is None or _functorch_level() is not None or _fwAD._current_level >= 0:
         return None
     if torch.is_grad_enabled():
