@@ -161,6 +161,9 @@ def _cached(equation: str, operands: tuple):
     if type(a) is not SparseTensor or type(b) is not torch.Tensor or b.layout != torch.strided or not b.is_cpu \
             or config.auto_sparsify:
         return None
+    grad = torch.is_grad_enabled()
+    if grad and b.requires_grad:   # (first: a training step leaves at once)
+        return None
     key = (equation, None, torch.get_num_threads(), 0, a._sig, (b.dtype, b.shape, b.stride()))
     mode = config.dispatch
     if mode != "sparse" and (mode != "auto" or (a._density >= runtime.SURELY_SPARSE and _PATHS.get(
@@ -169,9 +172,7 @@ def _cached(equation: str, operands: tuple):
     bound = driver._BOUND.get(key)
     if bound is None or _functorch_level() is not None or _fwAD._current_level >= 0:
         return None
-    if torch.is_grad_enabled():
-        if b.requires_grad:
-            return None
+    if grad:
         with torch._C.DisableTorchFunctionSubclass():
             if a.requires_grad:
                 return None
