@@ -741,3 +741,33 @@ def test_forward_mode_ad_through_a_sparse_operand_s_values_and_autocast_of_every
                          (torch.sparse.mm(A, Y), torch.sparse.mm(xd.to_sparse(), Y))]:
             assert got.dtype == ref.dtype == torch.bfloat16
         assert A.sum().dtype == torch.float32 and (A * 2).dtype == torch.float32   # reductions, elementwise: as they are
+
+
+def test_autocast_chains_sparse_layers_and_leaves_dense_einsums_to_torch():
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(0)
+    W1 = torch.randn(4, 3, 3, 3, generator=g) * (torch.rand(4, 3, 3, 3, generator=g) < 0.5)
+    W2 = torch.randn(2, 4, 3, 3, generator=g) * (torch.rand(2, 4, 3, 3, generator=g) < 0.5)
+    x = torch.randn(2, 3, 8, 8, generator=g)
+    S1, S2 = scorch.as_sparse(W1, "csf"), scorch.as_sparse(W2, "csf")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = F.conv2d(F.conv2d(x, S1).relu(), S2)   # the second conv meets the first's bfloat16 output
+        want = F.conv2d(F.conv2d(x, W1).relu(), W2)
+        assert got.dtype == want.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), want.float(), atol=0.1, rtol=0.05)
+        a, b = torch.randn(5, 6, generator=g), torch.randn(6, 7, generator=g)
+        assert torch.equal(scorch.einsum("ij,jk->ik", a, b), torch.einsum("ij,jk->ik", a, b))   # torch's own
+
+
+def test_a_device_context_leaves_sparse_work_on_the_cpu():
+    """Under ``with torch.device("meta")`` scorch's buffers went to meta and a kernel wrote through
+    its null pointer (the process crashed): CPU operands compute on the CPU, as torch's do."""
+    D = torch.rand(50, 40, generator=torch.Generator().manual_seed(0))
+    D = D * (D < 0.3)
+    A, x = scorch.as_sparse(D, "csr"), torch.randn(40, generator=torch.Generator().manual_seed(1))
+    with torch.device("meta"):
+        for got, want in [(A @ x, D @ x), (scorch.einsum("ij,j->i", A, x), D @ x), (A.sum(0), D.sum(0)),
+                          ((A * 2).to_dense(), D * 2), (scorch.as_sparse(D, "coo").to_dense(), D),
+                          (A.asformat("ell").to_dense(), D), (A.t().to_dense(), D.t())]:
+            assert got.device.type == "cpu"
+            torch.testing.assert_close(got, want)

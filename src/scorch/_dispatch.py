@@ -49,14 +49,26 @@ def autocast_lower_precision(*funcs):
 
         @functools.wraps(impl)
         def run(*args, _impl=impl, **kwargs):
-            if not torch._C._is_any_autocast_enabled() or not torch.is_autocast_enabled("cpu"):
+            if not torch._C._is_any_autocast_enabled():
                 return _impl(*args, **kwargs)
-            with torch.autocast("cpu", enabled=False):
-                out = _impl(*args, **kwargs)
-            return out.to(torch.get_autocast_dtype("cpu")) if isinstance(out, torch.Tensor) \
-                and out.dtype == torch.float32 else out
+            return with_autocast(_impl, *args, **kwargs)
         run._autocast = True
         _FUNCTIONS[f] = run
+
+
+def with_autocast(impl, *args, **kwargs):
+    """``impl(*args, **kwargs)`` of a lower-precision op under ``torch.autocast("cpu")`` (see
+    :func:`autocast_lower_precision`): with a SparseTensor operand, computed in float32 (half-float
+    operands, an earlier layer's autocast output, go up) and returned in the autocast dtype; without
+    one, torch's own autocast as it is."""
+    if not torch.is_autocast_enabled("cpu") or not any(isinstance(a, SparseTensor) for a in leaves(args, kwargs)):
+        return impl(*args, **kwargs)
+    half = lambda a: isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16)  # noqa: E731
+    args, kwargs = _map(lambda a: a.float(), args, half), _map(lambda a: a.float(), kwargs, half)
+    with torch.autocast("cpu", enabled=False):
+        out = impl(*args, **kwargs)
+    return out.to(torch.get_autocast_dtype("cpu")) if isinstance(out, torch.Tensor) \
+        and out.dtype == torch.float32 else out
 
 
 def implements_aten(*ops):

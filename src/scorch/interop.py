@@ -15,7 +15,7 @@ import torch
 from . import convert
 from .errors import NotSupportedError, ScorchTypeError, ScorchValueError
 from .format import Format, bsc_format, bsr_format, resolve
-from .tensor import SparseTensor
+from .tensor import SparseTensor, cpu_entry
 
 __all__ = ["as_sparse", "from_coo", "is_sparse", "to_torch", "to_scipy", "validate_storage"]
 
@@ -46,6 +46,7 @@ def _check_index_dtype(index_dtype):
         raise ScorchTypeError(f"index_dtype must be torch.int32, torch.int64 or None, got {index_dtype!r}")
 
 
+@cpu_entry
 def as_sparse(x, format="csr", *, index_dtype=None) -> SparseTensor:
     """``x`` as a SparseTensor in ``format``.
 
@@ -120,6 +121,7 @@ def torch_sparse_as_ours(args: tuple, kwargs: dict):
     return conv(args), {k: conv(v) for k, v in kwargs.items()}
 
 
+@cpu_entry
 def from_coo(indices, values, shape=None, format="coo", *, index_dtype=None) -> SparseTensor:
     """A SparseTensor from COO parts; duplicate coordinates are summed.
 

@@ -688,22 +688,59 @@ class SparseTensor(torch.Tensor):
     def __matmul__(self, other):
         if not isinstance(other, torch.Tensor):
             return NotImplemented
+        if _mode_stack():
+            return on_cpu(_MATMUL[0] if _MATMUL else _bind_matmul(), self, other)
         return (_MATMUL[0] if _MATMUL else _bind_matmul())(self, other)
 
     def __rmatmul__(self, other):
         if not isinstance(other, torch.Tensor):
             return NotImplemented
+        if _mode_stack():
+            return on_cpu(_MATMUL[0] if _MATMUL else _bind_matmul(), other, self)
         return (_MATMUL[0] if _MATMUL else _bind_matmul())(other, self)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         from ._dispatch import torch_function
+        if _mode_stack():
+            return on_cpu(torch_function, func, types, args, kwargs or {})
         return torch_function(func, types, args, kwargs or {})
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         from ._dispatch import torch_dispatch
+        if _mode_stack():
+            return on_cpu(torch_dispatch, func, types, args, kwargs or {})
         return torch_dispatch(func, types, args, kwargs or {})
+
+
+_mode_stack = torch._C._len_torch_function_stack   # 0 unless a torch-function mode is on (~30 ns)
+
+
+def on_cpu(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with the default device CPU when a mode made it another (under
+    ``with torch.device("meta")`` scorch's own buffers went to meta, and a kernel writing through
+    a meta tensor's null pointer crashed the process): SparseTensors live on the CPU, as their
+    results do -- as torch computes CPU operands on the CPU under such a context."""
+    if torch.get_default_device().type == "cpu":
+        return fn(*args, **kwargs)
+    with torch.device("cpu"):
+        return fn(*args, **kwargs)
+
+
+def cpu_entry(fn):
+    """``fn`` (a public entry point) run by :func:`on_cpu` while a torch-function mode is on."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if _mode_stack():
+            return on_cpu(fn, *args, **kwargs)
+        return fn(*args, **kwargs)
+    return run
+
+
+for _name, _fn in list(vars(SparseTensor).items()):   # the public methods (properties read fields only)
+    if not _name.startswith("_") and callable(_fn) and not isinstance(_fn, (staticmethod, classmethod, type)):
+        setattr(SparseTensor, _name, cpu_entry(_fn))
 
 
 _MATMUL: list = []  # [the dispatch table's torch.matmul implementation], bound on first use

@@ -7,8 +7,9 @@ import torch as _torch
 # importing each module registers its ops in the dispatch table
 from . import (activations, binary, composite, conv, gather, matrix, order, pointwise, reduce, replicate,  # noqa: F401
                shape, statistics, unguarded)
-from .._dispatch import _FUNCTIONS, autocast_lower_precision
+from .._dispatch import autocast_lower_precision
 from .einsum import explain
+from .einsum import public_einsum as einsum
 from .linalg import matmul
 from .rearrange import rearrange
 
@@ -20,8 +21,3 @@ autocast_lower_precision(   # the ops torch's CPU autocast runs in its dtype: un
     _torch.baddbmm, _torch.Tensor.baddbmm, _torch.addbmm, _torch.Tensor.addbmm, _torch.inner, _torch.Tensor.inner,
     _torch.tensordot, _torch.einsum, _torch.sparse.mm, _torch.nn.functional.linear, _torch.conv1d, _torch.conv2d,
     _torch.conv3d, _torch.conv_transpose1d, _torch.conv_transpose2d, _torch.conv_transpose3d)
-einsum = _FUNCTIONS[_torch.einsum]   # scorch.einsum: torch.einsum's implementation, autocast included
-try:   # TorchScript compiles a call of it (`import scorch as torch`) as aten::einsum
-    _torch.jit._builtins._register_builtin(einsum, "aten::einsum")
-except AttributeError:   # pragma: no cover - another torch layout
-    pass

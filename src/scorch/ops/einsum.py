@@ -17,54 +17,69 @@ import torch
 import torch.autograd.forward_ad as _fwAD
 
 from .. import config, runtime
-from .._dispatch import implements
+from .._dispatch import implements, with_autocast
 from ..compiler import driver
 from ..compiler.notation import parse, permutation
 from ..errors import NotSupportedError, ScorchValueError
 from ..interop import is_torch_sparse
-from ..tensor import SparseTensor
+from ..tensor import SparseTensor, _mode_stack, on_cpu
 from ._pattern import in_pattern, project
 
 
-def einsum(equation: str, *operands, format=None):
-    """Einstein summation with sparse operands; differentiable w.r.t. dense operands and
-    the values of sparse ones.  See :func:`scorch.compiler.einsum` for the result format.
-    Without a sparse operand (and without ``format=`` or ``config.auto_sparsify``) it is
-    ``torch.einsum`` itself, any form torch takes (sublists, any device).
+def _front(guarded: bool):
+    """``einsum`` (``guarded``: ``scorch.einsum``, which also keeps its work on the CPU under a
+    torch-function mode -- ``with torch.device("meta")`` -- and gives a product with a sparse operand
+    torch.autocast's dtype, as torch's own einsum does; scorch's ops call the unguarded one, whose
+    sums must not take the autocast dtype).  One body, two functions: the guard costs the hot path
+    one flag test, not a call layer."""
+    def einsum(equation: str, *operands, format=None):
+        """Einstein summation with sparse operands; differentiable w.r.t. dense operands and
+        the values of sparse ones.  See :func:`scorch.compiler.einsum` for the result format.
+        Without a sparse operand (and without ``format=`` or ``config.auto_sparsify``) it is
+        ``torch.einsum`` itself, any form torch takes (sublists, any device).
 
-    >>> import torch, scorch
-    >>> A = scorch.as_sparse(torch.eye(2), "csr").requires_grad_()
-    >>> scorch.einsum("ij,jk->ik", A, torch.ones(2, 3)).sum().backward()
-    >>> A.grad.to_dense().tolist()
-    [[3.0, 0.0], [0.0, 3.0]]
-    """
-    if format is None and len(operands) == 2 and type(equation) is str:
-        out = _cached(equation, operands)
-        if out is not None:
-            return out
-    if not isinstance(equation, str):   # torch's sublist form: torch makes the equation, then dispatches
-        if format is not None:
-            raise ScorchValueError("einsum: format= needs the equation-string form, not sublists")
-        return torch.einsum(equation, *operands)
-    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
-        operands = tuple(operands[0])
-    for x in operands:   # (a loop: the usual call has a SparseTensor first, 0.3 us under any())
-        if isinstance(x, SparseTensor):
-            return _einsum(equation, operands, format, ())
-    if format is None and not config.auto_sparsify:
-        try:   # torch.sparse operands alone: torch's result where torch computes one, else scorch's
+        >>> import torch, scorch
+        >>> A = scorch.as_sparse(torch.eye(2), "csr").requires_grad_()
+        >>> scorch.einsum("ij,jk->ik", A, torch.ones(2, 3)).sum().backward()
+        >>> A.grad.to_dense().tolist()
+        [[3.0, 0.0], [0.0, 3.0]]
+        """
+        if guarded and (_mode_stack() or _autocast_on()):   # (rare)
+            run = functools.partial(with_autocast, _plain, equation, *operands, format=format)
+            return on_cpu(run) if _mode_stack() else run()
+        if format is None and len(operands) == 2 and type(equation) is str:
+            out = _cached(equation, operands)
+            if out is not None:
+                return out
+        if not isinstance(equation, str):   # torch's sublist form: torch makes the equation, then dispatches
+            if format is not None:
+                raise ScorchValueError("einsum: format= needs the equation-string form, not sublists")
             return torch.einsum(equation, *operands)
-        except (RuntimeError, NotImplementedError):
-            if not any(map(is_torch_sparse, operands)):
-                raise
-    out = _einsum(equation, operands, format, ())
-    if format is None and isinstance(out, SparseTensor) and not any(map(is_torch_sparse, operands)):
-        return out.to_dense()   # auto_sparsify ran dense operands sparse: the result is torch's kind, dense
-    return out
+        if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+            operands = tuple(operands[0])
+        for x in operands:   # (a loop: the usual call has a SparseTensor first, 0.3 us under any())
+            if isinstance(x, SparseTensor):
+                return _einsum(equation, operands, format, ())
+        if format is None and not config.auto_sparsify:
+            try:   # torch.sparse operands alone: torch's result where torch computes one, else scorch's
+                return torch.einsum(equation, *operands)
+            except (RuntimeError, NotImplementedError):
+                if not any(map(is_torch_sparse, operands)):
+                    raise
+        out = _einsum(equation, operands, format, ())
+        if format is None and isinstance(out, SparseTensor) and not any(map(is_torch_sparse, operands)):
+            return out.to_dense()   # auto_sparsify ran dense operands sparse: the result is torch's kind, dense
+        return out
 
+    return einsum
+
+
+_autocast_on = torch._C._is_any_autocast_enabled
+einsum = _plain = _front(False)
+public_einsum = _front(True)
 
 try:   # TorchScript compiles a call of scorch.einsum (`import scorch as torch`) as aten::einsum
-    torch.jit._builtins._register_builtin(einsum, "aten::einsum")
+    torch.jit._builtins._register_builtin(public_einsum, "aten::einsum")
 except AttributeError:   # pragma: no cover - another torch layout: scripting such calls fails as before
     pass
 
