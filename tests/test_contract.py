@@ -771,3 +771,16 @@ def test_a_device_context_leaves_sparse_work_on_the_cpu():
                           (A.asformat("ell").to_dense(), D), (A.t().to_dense(), D.t())]:
             assert got.device.type == "cpu"
             torch.testing.assert_close(got, want)
+
+
+def test_writes_through_values_are_seen_by_autograd_and_torch_func_makes_sparse_tensors():
+    A = scorch.as_sparse(torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]]), "csr")
+    x = torch.ones(3, 2, requires_grad=True)
+    y = A @ x
+    A.values().mul_(10)                               # A saved for backward, changed under it
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    B = scorch.as_sparse(torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]]), "csr")
+    for op in (lambda M: M.detach(), lambda M: M.clone(), lambda M: M.double().float(), lambda M: M.asformat("coo")):
+        g = torch.func.grad(lambda v: (op(B) @ v).sum())(torch.ones(3))   # a SparseTensor made in the transform
+        torch.testing.assert_close(g, torch.tensor([1.0, 3.0, 2.0]))

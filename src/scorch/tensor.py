@@ -102,6 +102,9 @@ class SparseTensor(torch.Tensor):
     def _set_storage(self, pos, crd, values, nnz=None):
         # Contiguous storage is an invariant: kernels take raw pointers to these arrays.
         contig = lambda t: None if t is None else t.contiguous()  # noqa: E731
+        if torch._C._functorch.maybe_current_level() is not None:   # made inside a torch.func transform: its
+            contig = lambda t: None if t is None else _unwrapped(t).contiguous()  # noqa: E731  arrays unwrapped
+            values = _unwrapped(values)                          # (the kernels need their storage)
         self._pos, self._crd = tuple(map(contig, pos)), tuple(map(contig, crd))
         self._values = values.contiguous()
         self._stored = self._count_nnz() if nnz is None else nnz
@@ -712,6 +715,16 @@ class SparseTensor(torch.Tensor):
         if _mode_stack():
             return on_cpu(torch_dispatch, func, types, args, kwargs or {})
         return torch_dispatch(func, types, args, kwargs or {})
+
+
+def _unwrapped(t: torch.Tensor) -> torch.Tensor:
+    """``t`` without torch.func's wrappers (a SparseTensor's arrays: differentiating or batching
+    through a SparseTensor's own values is not supported under torch.func; its products with
+    dense tensors are)."""
+    f = torch._C._functorch
+    while f.is_gradtrackingtensor(t) or f.is_batchedtensor(t) or f.is_functionaltensor(t):
+        t = f.get_unwrapped(t)
+    return t
 
 
 _mode_stack = torch._C._len_torch_function_stack   # 0 unless a torch-function mode is on (~30 ns)

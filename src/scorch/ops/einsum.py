@@ -366,8 +366,10 @@ class _Einsum(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         equation, format, n_init, *tensors = inputs
-        ctx.equation, ctx.n_init, ctx.format = equation, n_init, format
-        ctx.save_for_backward(*tensors)
+        ctx.equation, ctx.n_init, ctx.format, ctx.n_tensors = equation, n_init, format, len(tensors)
+        # a sparse operand's values array saved too: a write into it through values() bumps its
+        # version, not the wrapper's, and the backward would read the new values unwarned
+        ctx.save_for_backward(*tensors, *[t._values for t in tensors if type(t) is SparseTensor])
         if _fwAD._current_level >= 0 or _functorch_level() is not None:   # for jvp, as they came (under
             ctx.inputs = tuple(tensors)   # torch.func a saved SparseTensor comes back wrapped); not otherwise:
             # a ctx attribute would hold them past saved-tensor hooks (activation checkpointing)
@@ -415,7 +417,7 @@ class _Einsum(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        tensors = ctx.saved_tensors
+        tensors = ctx.saved_tensors[:ctx.n_tensors]
         ops, init = tensors[:len(tensors) - ctx.n_init], tensors[len(tensors) - ctx.n_init:]
         ein = parse(ctx.equation, [tuple(x.shape) for x in ops])
         if any(len(set(t)) != len(t) for t in ein.inputs):
