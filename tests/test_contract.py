@@ -784,3 +784,12 @@ def test_writes_through_values_are_seen_by_autograd_and_torch_func_makes_sparse_
     for op in (lambda M: M.detach(), lambda M: M.clone(), lambda M: M.double().float(), lambda M: M.asformat("coo")):
         g = torch.func.grad(lambda v: (op(B) @ v).sum())(torch.ones(3))   # a SparseTensor made in the transform
         torch.testing.assert_close(g, torch.tensor([1.0, 3.0, 2.0]))
+
+
+def test_torch_func_over_a_sparse_convolution():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(8, 4, 3, 3, generator=g) * (torch.rand(8, 4, 3, 3, generator=g) < 0.2)
+    x = torch.randn(5, 4, 8, 8, generator=g)
+    f = lambda W: torch.func.vmap(torch.func.grad(   # noqa: E731  per-sample input gradients
+        lambda xi: torch.nn.functional.conv2d(xi[None], W, padding=1).pow(2).sum()))(x)
+    torch.testing.assert_close(f(scorch.as_sparse(w, "csf")), f(w))

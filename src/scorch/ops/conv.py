@@ -25,7 +25,7 @@ from ..interop import is_sparse
 from ..tensor import SparseTensor
 from ._pattern import project
 from ..compiler.notation import parse
-from .einsum import _grad_of, einsum
+from .einsum import _functorch_level, _grad_of, einsum
 from .shape import take_positions
 
 # Densities of the weight above which torch's dense convolution (oneDNN) of the densified weight
@@ -68,8 +68,8 @@ def _conv(nd: int, func):
             return as_torch_runs(func, input, weight, bias, stride, padding, dilation, groups)
         input = _checked(name, nd, input, weight)
         training = torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad)
-        if not _sparse_path(weight, training):
-            return func(input, weight.to_dense(), bias, stride, padding, dilation, groups)
+        if not _sparse_path(weight, training) or _functorch_level() is not None:   # (torch.func: torch's conv
+            return func(input, weight.to_dense(), bias, stride, padding, dilation, groups)   # of the dense weight)
         batched = input.dim() == nd + 2
         x = input if batched else input.unsqueeze(0)
         out_c, group_c, *ks = weight.shape
@@ -139,7 +139,7 @@ def _conv_transpose(nd: int, func):
                                    f"dilation {d} (as in torch)")
         training = torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad)
         # a stride spreads the input apart by zeros the kernel walks: prod(stride) times the work
-        if not _sparse_path(weight, training, 1 / math.prod(s)):
+        if not _sparse_path(weight, training, 1 / math.prod(s)) or _functorch_level() is not None:
             return func(input, weight.to_dense(), bias, stride, padding, output_padding, groups, dilation)
         out = [(n - 1) * sk - 2 * pk + dk * (k - 1) + o + 1 for n, sk, pk, dk, k, o in zip(x.shape[2:], s, p, d, ks, op)]
         if min(out, default=1) < 1:
