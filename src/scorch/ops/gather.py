@@ -48,7 +48,7 @@ def take(input, index):
     """The elements at flat (row-major) positions ``index``, in ``index``'s shape."""
     if not isinstance(input, SparseTensor) or isinstance(index, SparseTensor):   # a sparse index: densely
         return _dense_call(torch.take, input, index)
-    x = _sparse_input(input, "take")
+    x = input
     return _dense(getitem(x.reshape(-1), (_integer(index, "take"),)))
 
 
@@ -58,7 +58,7 @@ def gather(input, dim, index, *, sparse_grad=False):
     """``out[p] = input[p with its dim-th coordinate replaced by index[p]]``."""
     if not isinstance(input, SparseTensor) or isinstance(index, SparseTensor):   # a sparse index: densely
         return _dense_call(torch.gather, input, dim, index, sparse_grad=sparse_grad)
-    x = _sparse_input(input, "gather")
+    x = input
     index = _integer(index, "gather")
     d = _dim(dim, x.dim(), "gather")
     if index.dim() != x.dim():
@@ -88,7 +88,7 @@ def take_along_dim(input, indices, dim=None):
         return _dense_call(torch.take_along_dim, input, indices, dim)
     if dim is None:
         return take(input, _integer(indices, "take_along_dim").reshape(-1))
-    x = _sparse_input(input, "take_along_dim")
+    x = input
     d = _dim(dim, x.dim(), "take_along_dim")
     shape = list(x.shape)
     shape[d] = indices.shape[d] if indices.dim() == x.dim() else -1
