@@ -793,3 +793,22 @@ def test_torch_func_over_a_sparse_convolution():
     f = lambda W: torch.func.vmap(torch.func.grad(   # noqa: E731  per-sample input gradients
         lambda xi: torch.nn.functional.conv2d(xi[None], W, padding=1).pow(2).sum()))(x)
     torch.testing.assert_close(f(scorch.as_sparse(w, "csf")), f(w))
+
+
+def test_malformed_batched_and_hybrid_torch_compressed_tensors_are_refused():
+    """torch builds them unchecked with check_invariants=False; its own conversion then corrupted
+    memory: scorch checks their index arrays first."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        batched = torch.sparse_csr_tensor(torch.tensor([[0, 2, 100], [0, 1, 2]]), torch.tensor([[0, 1000000], [5, -3]]),
+                                          torch.ones(2, 2), (2, 2, 3), check_invariants=False)
+        hybrid = torch.sparse_csr_tensor(torch.tensor([0, 2, 100]), torch.tensor([0, 1000000]), torch.ones(2, 2),
+                                         (2, 3, 2), check_invariants=False)
+        bad_cols = torch.sparse_csr_tensor(torch.tensor([[0, 1, 2], [0, 1, 2]]), torch.tensor([[0, 7], [1, 2]]),
+                                           torch.ones(2, 2), (2, 2, 3), check_invariants=False)
+        good = torch.sparse_csr_tensor(torch.tensor([[0, 1, 2], [0, 2, 2]]), torch.tensor([[2, 0], [0, 1]]),
+                                       torch.tensor([[1.0, 2.0], [3.0, 4.0]]), (2, 2, 3))
+    for bad in (batched, hybrid, bad_cols):
+        with pytest.raises(ValueError, match="crow_indices|col_indices"):
+            scorch.as_sparse(bad, "csr")
+    assert torch.equal(scorch.as_sparse(good, "csr").to_dense(), good.to_dense())

@@ -7,6 +7,7 @@ bridges to ``torch.sparse`` layouts and ``scipy.sparse``.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -353,6 +354,33 @@ def _torch_compressed_parts(x):
     return fmt, p, c, v.reshape(-1)
 
 
+def _check_torch_compressed(x) -> None:
+    """The index arrays of a batched or hybrid torch CSR / CSC / BSR / BSC tensor (built with
+    ``check_invariants=False``, they may be anything): every batch's positions start at 0, never
+    decrease and end at the stored count, every coordinate inside its dim -- before torch's own
+    conversion reads them."""
+    row_major = x.layout in (torch.sparse_csr, torch.sparse_bsr)
+    p, c = (x.crow_indices(), x.col_indices()) if row_major else (x.ccol_indices(), x.row_indices())
+    b = p.dim() - 1
+    block = tuple(x.values().shape[b + 1:b + 3]) if x.layout in (torch.sparse_bsr, torch.sparse_bsc) else (1, 1)
+    outer = x.shape[b] // block[0] if row_major else x.shape[b + 1] // block[1]
+    inner = x.shape[b + 1] // block[1] if row_major else x.shape[b] // block[0]
+    batches = math.prod(p.shape[:-1])
+    p = p.reshape(batches, p.shape[-1]).to(torch.int64)
+    c = c.reshape(batches, c.shape[-1]).to(torch.int64)
+    name = "crow_indices" if row_major else "ccol_indices"
+    if p.shape[-1] != outer + 1:
+        raise ScorchValueError(f"as_sparse: torch sparse tensor's {name} has {p.shape[-1]} entries per batch, "
+                               f"expected {outer + 1}")
+    if p.numel() and (bool((p[:, 0] != 0).any()) or bool((p[:, 1:] < p[:, :-1]).any())
+                      or bool((p[:, -1] != c.shape[-1]).any())):
+        raise ScorchValueError(f"as_sparse: torch sparse tensor's {name} must start at 0, never decrease and end "
+                               f"at the number of stored entries ({c.shape[-1]}) in every batch")
+    if c.numel() and (int(c.min()) < 0 or int(c.max()) >= inner):
+        raise ScorchValueError(f"as_sparse: torch sparse tensor's {'col' if row_major else 'row'}_indices must lie "
+                               f"in [0, {inner}), got [{int(c.min())}, {int(c.max())}]")
+
+
 def _from_torch_sparse(x, fmt: Format, index_dtype) -> SparseTensor:
     parts = _torch_compressed_parts(x) if x.layout != torch.sparse_coo else None
     if parts is not None:
@@ -370,6 +398,7 @@ def _from_torch_sparse(x, fmt: Format, index_dtype) -> SparseTensor:
             return src.asformat(fmt, index_dtype=index_dtype)
         x = x.to_sparse_coo()
     elif x.layout != torch.sparse_coo:
+        _check_torch_compressed(x)   # (torch's own conversion trusts them: malformed ones corrupted memory)
         x = x.to_sparse_coo()
     idx, vals = x._indices(), x._values()
     if x.dense_dim():  # hybrid COO: expand each dense block into entries
