@@ -4,6 +4,7 @@ same call on dense tensors (or torch.sparse ones) with plain torch."""
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -812,3 +813,20 @@ def test_malformed_batched_and_hybrid_torch_compressed_tensors_are_refused():
         with pytest.raises(ValueError, match="crow_indices|col_indices"):
             scorch.as_sparse(bad, "csr")
     assert torch.equal(scorch.as_sparse(good, "csr").to_dense(), good.to_dense())
+
+
+def test_malformed_scipy_matrices_are_refused():
+    sp = pytest.importorskip("scipy.sparse")
+    bad_ptr = sp.csr_matrix((3, 3))
+    bad_ptr.indptr, bad_ptr.indices, bad_ptr.data = (np.array([0, 2, 50, 100], dtype=np.int32),
+                                                     np.array([0, 1], dtype=np.int32), np.ones(2))
+    falling = sp.csr_matrix((3, 3))
+    falling.indptr, falling.indices, falling.data = (np.array([0, 2, 1, 2], dtype=np.int32),
+                                                     np.array([0, 1], dtype=np.int32), np.ones(2))
+    short = sp.coo_matrix((np.ones(2), (np.array([0, 1]), np.array([1, 2]))), shape=(3, 3))
+    short.data = np.ones(1)
+    for bad in (bad_ptr, falling, short):
+        with pytest.raises(ValueError, match="indptr|one length"):
+            scorch.as_sparse(bad, "csr")
+    good = sp.random(5, 4, density=0.4, format="csr", random_state=0)
+    assert torch.equal(scorch.as_sparse(good, "coo").to_dense(), torch.from_numpy(good.toarray()))

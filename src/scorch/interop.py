@@ -441,7 +441,41 @@ def to_torch(A: SparseTensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------- scipy
 
+def _check_scipy(x) -> None:
+    """A scipy.sparse matrix's arrays (anything, when built without scipy's checks) before scipy's
+    own ``tocoo`` reads them: compressed positions that start at 0, never decrease and end at the
+    stored count; coordinates and data of one length; integer coordinates inside the shape (a bad
+    indptr read past its arrays, short data was repeated)."""
+    shape = tuple(int(s) for s in x.shape)
+    fmt = getattr(x, "format", "")
+    if fmt in ("csr", "csc", "bsr"):
+        indptr, indices = np.asarray(x.indptr), np.asarray(x.indices)
+        blocks = getattr(x, "blocksize", (1, 1)) if fmt == "bsr" else (1, 1)
+        outer = shape[0] // blocks[0] if fmt != "csc" else shape[1]
+        inner = shape[1] // blocks[1] if fmt != "csc" else shape[0]
+        n = indices.shape[0]
+        if indptr.ndim != 1 or indptr.shape[0] != outer + 1 or indptr.dtype.kind not in "iu" \
+                or indices.dtype.kind not in "iu" or (indptr.size and (indptr[0] != 0 or indptr[-1] > n
+                                                                         or bool((np.diff(indptr) < 0).any()))):
+            raise ScorchValueError(f"as_sparse: scipy {fmt} matrix has a malformed indptr (expected {outer + 1} "
+                                   f"non-decreasing integers from 0 to at most its {n} indices)")
+        used = indices[:int(indptr[-1])] if indptr.size else indices[:0]   # (scipy allows unused capacity)
+        if used.size and (int(used.min()) < 0 or int(used.max()) >= inner):
+            raise ScorchValueError(f"as_sparse: scipy {fmt} matrix indices must lie in [0, {inner}), got "
+                                   f"[{int(used.min())}, {int(used.max())}]")
+        if np.asarray(x.data).shape[0] != n:
+            raise ScorchValueError(f"as_sparse: scipy {fmt} matrix has {np.asarray(x.data).shape[0]} data entries "
+                                   f"for {n} indices")
+    elif fmt == "coo":
+        coords = getattr(x, "coords", None) or (x.row, x.col)
+        lengths = {np.asarray(c).shape[0] for c in coords} | {np.asarray(x.data).shape[0]}
+        if len(lengths) != 1 or any(np.asarray(c).dtype.kind not in "iu" for c in coords):
+            raise ScorchValueError("as_sparse: scipy coo matrix needs integer coordinates and data of one length, "
+                                   f"got lengths {sorted(lengths)}")
+
+
 def _from_scipy(x, format, index_dtype) -> SparseTensor:
+    _check_scipy(x)
     coo = x.tocoo()
     coords = getattr(coo, "coords", None) or (coo.row, coo.col)
     idx = torch.from_numpy(np.stack([np.asarray(c, dtype=np.int64) for c in coords]))
