@@ -830,3 +830,13 @@ def test_malformed_scipy_matrices_are_refused():
             scorch.as_sparse(bad, "csr")
     good = sp.random(5, 4, density=0.4, format="csr", random_state=0)
     assert torch.equal(scorch.as_sparse(good, "coo").to_dense(), torch.from_numpy(good.toarray()))
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "dcsr", "csc", "dcsc", "ell", "bsr"])
+def test_coalesced_means_row_major_indices_aligned_with_values(fmt):
+    x = torch.tensor([[0.0, 1.0, 0.0, 0.0], [2.0, 0.0, 3.0, 0.0], [0.0, 4.0, 0.0, 5.0], [0.0, 0.0, 6.0, 0.0]])
+    A = scorch.as_sparse(x, scorch.formats.bsr(2, 2) if fmt == "bsr" else fmt)
+    C = A.coalesce()
+    assert C.is_coalesced() and A.is_coalesced() == (fmt in ("csr", "coo", "dcsr"))
+    T = torch.sparse_coo_tensor(C.indices(), C.values(), C.shape, is_coalesced=C.is_coalesced())
+    assert torch.equal(T.to_sparse_csr().to_dense(), x)   # torch code trusting the flag reads it right

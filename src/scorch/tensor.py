@@ -413,10 +413,17 @@ class SparseTensor(torch.Tensor):
 
     # torch.sparse COO vocabulary: a SparseTensor is always coalesced (sorted, no duplicates).
     def coalesce(self) -> "SparseTensor":
-        return self
+        """This tensor when :meth:`is_coalesced`; else its entries in COO (row-major, every stored
+        entry once), whose ``indices()`` and ``values()`` line up as torch's COO ones do."""
+        return self if self.is_coalesced() else self.asformat("coo")
 
     def is_coalesced(self) -> bool:
-        return True
+        """Whether ``indices()`` lists the entries row-major, each once, aligned with ``values()``
+        (as torch's coalesced COO): not in a column-major (CSC), blocked (BSR) or padded (ELL)
+        storage order, which torch code trusting the flag would misread."""
+        f = self._format
+        return not f.block and tuple(f.order) == tuple(range(len(f.order))) \
+            and all(lv.kind != "padded" for lv in f.levels)
 
     def indices(self) -> torch.Tensor:
         """``ndim x nnz`` int64 coordinates of the stored entries (as torch's COO ``indices()``)."""
