@@ -366,19 +366,29 @@ def _check_torch_compressed(x) -> None:
     outer = x.shape[b] // block[0] if row_major else x.shape[b + 1] // block[1]
     inner = x.shape[b + 1] // block[1] if row_major else x.shape[b] // block[0]
     batches = math.prod(p.shape[:-1])
-    p = p.reshape(batches, p.shape[-1]).to(torch.int64)
-    c = c.reshape(batches, c.shape[-1]).to(torch.int64)
-    name = "crow_indices" if row_major else "ccol_indices"
+    _check_compressed(p.reshape(batches, p.shape[-1]), c.reshape(batches, c.shape[-1]), outer, inner,
+                      "torch sparse tensor", "crow_indices" if row_major else "ccol_indices",
+                      "col_indices" if row_major else "row_indices", exact=True)
+
+
+def _check_compressed(p, c, outer: int, inner: int, what: str, pos_name: str, crd_name: str, *, exact: bool):
+    """Compressed index arrays from outside (``p``: batches x positions, ``c``: batches x
+    coordinates): positions that start at 0, never decrease and end at the coordinates' count
+    (``exact``) or within it (scipy's spare capacity), the coordinates they use inside ``[0,
+    inner)``."""
+    p, c = torch.as_tensor(p).to(torch.int64), torch.as_tensor(c).to(torch.int64)
     if p.shape[-1] != outer + 1:
-        raise ScorchValueError(f"as_sparse: torch sparse tensor's {name} has {p.shape[-1]} entries per batch, "
-                               f"expected {outer + 1}")
+        raise ScorchValueError(f"as_sparse: {what}'s {pos_name} has {p.shape[-1]} entries per batch, expected "
+                               f"{outer + 1}")
+    n, ends = c.shape[-1], p[:, -1]
     if p.numel() and (bool((p[:, 0] != 0).any()) or bool((p[:, 1:] < p[:, :-1]).any())
-                      or bool((p[:, -1] != c.shape[-1]).any())):
-        raise ScorchValueError(f"as_sparse: torch sparse tensor's {name} must start at 0, never decrease and end "
-                               f"at the number of stored entries ({c.shape[-1]}) in every batch")
-    if c.numel() and (int(c.min()) < 0 or int(c.max()) >= inner):
-        raise ScorchValueError(f"as_sparse: torch sparse tensor's {'col' if row_major else 'row'}_indices must lie "
-                               f"in [0, {inner}), got [{int(c.min())}, {int(c.max())}]")
+                      or bool((ends != n).any() if exact else (ends > n).any())):
+        raise ScorchValueError(f"as_sparse: {what}'s {pos_name} must start at 0, never decrease and end "
+                               f"{'at' if exact else 'within'} its {n} {crd_name} in every batch")
+    used = c if exact or not p.numel() else c[:, :int(ends.max())]
+    if used.numel() and (int(used.min()) < 0 or int(used.max()) >= inner):
+        raise ScorchValueError(f"as_sparse: {what}'s {crd_name} must lie in [0, {inner}), got "
+                               f"[{int(used.min())}, {int(used.max())}]")
 
 
 def _from_torch_sparse(x, fmt: Format, index_dtype) -> SparseTensor:
@@ -454,15 +464,12 @@ def _check_scipy(x) -> None:
         outer = shape[0] // blocks[0] if fmt != "csc" else shape[1]
         inner = shape[1] // blocks[1] if fmt != "csc" else shape[0]
         n = indices.shape[0]
-        if indptr.ndim != 1 or indptr.shape[0] != outer + 1 or indptr.dtype.kind not in "iu" \
-                or indices.dtype.kind not in "iu" or (indptr.size and (indptr[0] != 0 or indptr[-1] > n
-                                                                         or bool((np.diff(indptr) < 0).any()))):
-            raise ScorchValueError(f"as_sparse: scipy {fmt} matrix has a malformed indptr (expected {outer + 1} "
-                                   f"non-decreasing integers from 0 to at most its {n} indices)")
-        used = indices[:int(indptr[-1])] if indptr.size else indices[:0]   # (scipy allows unused capacity)
-        if used.size and (int(used.min()) < 0 or int(used.max()) >= inner):
-            raise ScorchValueError(f"as_sparse: scipy {fmt} matrix indices must lie in [0, {inner}), got "
-                                   f"[{int(used.min())}, {int(used.max())}]")
+        if indptr.ndim != 1 or indices.ndim != 1 or indptr.dtype.kind not in "iu" or indices.dtype.kind not in "iu":
+            raise ScorchValueError(f"as_sparse: scipy {fmt} matrix has a malformed indptr or indices (expected 1-d "
+                                   f"integer arrays, got {indptr.dtype} {indptr.shape} and {indices.dtype} "
+                                   f"{indices.shape})")
+        _check_compressed(indptr[None], indices[None], outer, inner, f"scipy {fmt} matrix", "indptr", "indices",
+                          exact=False)   # (scipy allows spare capacity past indptr[-1])
         if np.asarray(x.data).shape[0] != n:
             raise ScorchValueError(f"as_sparse: scipy {fmt} matrix has {np.asarray(x.data).shape[0]} data entries "
                                    f"for {n} indices")

@@ -122,12 +122,18 @@ def _integer_bound(ops, ein) -> int:
     summed into one result element.  Below 2^53 float64 computes it exactly, so casting back
     gives what torch's integer arithmetic gives (the exact sum, wrapped around to a narrower type
     by the cast: the same modulo 2^bits as wrapping at every step)."""
-    bound = 1
-    for x in ops:
-        v = x._values if type(x) is SparseTensor else x
-        bound *= (max(int(v.max()), -int(v.min())) if v.numel() else 0) + 1  # no abs(): |INT64_MIN| wraps
+    bound = value_bound(ops)
     for c in ein.reduced:
         bound *= max(ein.size[c], 1)
+    return bound
+
+
+def value_bound(ops) -> int:
+    """The product over operands (dense tensors or SparseTensors) of their max |value| + 1."""
+    bound = 1
+    for x in ops:
+        v = x._values if isinstance(x, SparseTensor) else x
+        bound *= (max(int(v.max()), -int(v.min())) if v.numel() else 0) + 1  # no abs(): |INT64_MIN| wraps
     return bound
 
 

@@ -75,11 +75,7 @@ def _past_float64(ops) -> bool:
     """Integer operands whose ``+ - *`` could pass 2^53, where the kernels' float64 rounds."""
     if any(x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool for x in ops):
         return False
-    bound = 1
-    for x in ops:
-        v = x._values if isinstance(x, SparseTensor) else x
-        bound *= (max(int(v.max()), -int(v.min())) if v.numel() else 0) + 1
-    return bound > 2 ** 53
+    return driver.value_bound(ops) > 2 ** 53
 
 
 def _exact_integers(op: str, ops, func, args, kwargs):

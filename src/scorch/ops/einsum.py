@@ -23,6 +23,7 @@ from ..compiler.notation import parse, permutation
 from ..errors import NotSupportedError, ScorchValueError
 from ..interop import is_torch_sparse
 from ..tensor import SparseTensor, _mode_stack, on_cpu
+from ..tensor import _unwrapped as _without_wrappers
 from ._pattern import in_pattern, project
 
 
@@ -120,9 +121,7 @@ _functorch_level = torch._C._functorch.maybe_current_level   # None outside torc
 def _unwrapped(x):
     """A SparseTensor that torch.func wrapped for its transform (jvp hands the rule wrapped inputs):
     the SparseTensor itself, whose kernels the einsum runs; anything else as it is."""
-    inner = x
-    while isinstance(inner, torch.Tensor) and torch._C._functorch.is_gradtrackingtensor(inner):
-        inner = torch._C._functorch.get_unwrapped(inner)
+    inner = _without_wrappers(x) if isinstance(x, torch.Tensor) else x
     return inner if isinstance(inner, SparseTensor) else x
 
 
@@ -146,17 +145,23 @@ def _dual_values(equation: str, operands: tuple, format, init: tuple):
     inits = [split(t) for t in init]
     primals = tuple(p for p, _ in parts)
     out = driver.einsum(equation, *primals, format=format, init=tuple(p for p, _ in inits))
-    tangent = None
-    for k, (_, t) in enumerate(parts):
-        if t is not None:
-            term = driver.einsum(equation, *(primals[:k] + (t,) + primals[k + 1:]), format=format)
-            tangent = term if tangent is None else tangent + term
-    for _, t in inits:
-        if t is not None:
-            tangent = t if tangent is None else tangent + t
+    tangent = _tangent_sum(driver.einsum, equation, format, primals, [t for _, t in parts + inits])
     if isinstance(out, SparseTensor) or isinstance(tangent, SparseTensor):
         raise NotSupportedError(f"einsum {equation!r}: forward-mode AD of a sparse result is not supported")
     return out if tangent is None else _fwAD.make_dual(out, tangent.expand(out.shape).to(out.dtype))
+
+
+def _tangent_sum(run, equation: str, format, ops: tuple, tangents):
+    """The tangent of ``einsum(equation, *ops) + init``, linear in each operand: the sum over
+    operands of ``run`` with that operand replaced by its tangent, plus the init operands' tangents
+    (``tangents[len(ops):]``); None entries have none."""
+    out = None
+    for k, t in enumerate(tangents):
+        if t is None:
+            continue
+        term = t if k >= len(ops) else run(equation, *(ops[:k] + (t,) + ops[k + 1:]), format=format)
+        out = term if out is None else out + term
+    return out
 
 
 def _dual(tensors) -> bool:
@@ -399,18 +404,11 @@ class _Einsum(torch.autograd.Function):
         """Forward mode: the einsum is linear in each operand, so the output's tangent is the sum
         over operands of the einsum with that operand replaced by its tangent (+ the init's)."""
         tensors = ctx.inputs
-        n = len(tensors) - ctx.n_init
-        out = None
-        for k, t in enumerate(tangents):
-            if t is None or (isinstance(t, SparseTensor) and not bool(t._values.any())):
-                continue   # (an operand without a tangent: torch hands a SparseTensor one of zeros)
-            if k >= n:
-                term = t
-            else:
-                ops = tensors[:k] + (t,) + tensors[k + 1:n]
-                term = (einsum if _functorch_level() is not None else driver.einsum)(
-                    ctx.equation, *map(_unwrapped, ops), format=ctx.format)
-            out = term if out is None else out + term
+        ops = tuple(map(_unwrapped, tensors[:len(tensors) - ctx.n_init]))
+        tangents = [None if t is None or (isinstance(t, SparseTensor) and not bool(t._values.any()))
+                    else _unwrapped(t) for t in tangents]   # (no tangent: torch hands a SparseTensor zeros)
+        out = _tangent_sum(einsum if _functorch_level() is not None else driver.einsum, ctx.equation, ctx.format,
+                           ops, tangents)
         if isinstance(out, SparseTensor):
             raise NotSupportedError(f"einsum {ctx.equation!r}: forward-mode AD of a sparse result is not supported")
         return out

@@ -564,21 +564,19 @@ def _fused_step(func):
     as the optimizers build them, and the op runs on their values arrays."""
     def step(*args, **kwargs):
         params = args[0]
-        lists = [a for a in args if isinstance(a, (list, tuple)) and len(a) == len(params)]
+        slots = [k for k, a in enumerate(args) if isinstance(a, (list, tuple)) and len(a) == len(params)]
         for i, p in enumerate(params):   # a parameter whose pattern changed: its gradient and state in the
             if isinstance(p, SparseTensor):   # union of their patterns, as the unfused step's writes grow them
-                group = list({id(t): t for t in (a[i] for a in lists) if isinstance(t, SparseTensor)}.values())
+                group = list({id(t): t for t in (args[k][i] for k in slots) if isinstance(t, SparseTensor)}.values())
                 if not all(same_pattern(p, t) for t in group):
                     union, on_union = _on_union_values(group)
                     for t in group:
                         t._restore(union._like(values=on_union[id(t)].to(t.dtype), nnz=union._stored))
                         torch.autograd.graph.increment_version(t)
         args, back = list(args), []
-        for k, arg in enumerate(args):
-            if not isinstance(arg, (list, tuple)) or len(arg) != len(params):
-                continue
+        for k in slots:
             out = []
-            for p, t in zip(params, arg):
+            for p, t in zip(params, args[k]):
                 sparse = isinstance(p, SparseTensor)
                 if isinstance(t, SparseTensor) and sparse and same_pattern(p, t):
                     t = t._values
