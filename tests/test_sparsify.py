@@ -62,6 +62,43 @@ def test_sparsifier_arguments_are_checked():
         KeepAll().mask([1.0, 2.0])
 
 
+def test_a_user_sparsifier_mask_is_checked_and_numeric_masks_keep_nonzeros():
+    class Above(scorch.sparsify.Sparsifier):
+        def __init__(self, kind):
+            self.kind = kind
+
+        def mask(self, t):
+            keep = t.abs() > 0.5
+            return {"int": keep.int(), "float": keep.float(), "bool": keep, "short": keep[:-1],
+                    "list": keep.tolist()}[self.kind]
+    for w in (rnd(6), rnd(4, 6)):
+        want = w * (w.abs() > 0.5)
+        for kind in ("int", "float", "bool"):   # torch.ao.pruning's masks are 0/1 floats
+            assert torch.equal(Above(kind)(w).to_dense(), want)
+        with pytest.raises(ValueError, match=r"Above.mask\(\) must return a mask of the tensor's shape"):
+            Above("short")(w)
+        with pytest.raises(TypeError, match=r"Above.mask\(\) must return a tensor, got list"):
+            Above("list")(w)
+
+
+def test_formats_are_checked_where_they_are_given():
+    model = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 2))
+    sb = SparsityBuilder(model)
+    with pytest.raises(ValueError, match=r"SparsityBuilder.set_interm: out_format: unknown format name 'xyz'"):
+        sb.set_interm("1", KeepAll(), out_format="xyz")
+    with pytest.raises(ValueError, match=r"SparsityBuilder.set_weight: out_format: unknown format name 'xyz'"):
+        sb.set_weight("0.weight", KeepAll(), out_format="xyz")
+    with pytest.raises(ValueError, match=r"set_weight: out_format for '0.bias': .* stores 2-d tensors"):
+        sb.set_weight("0.bias", KeepAll(), out_format=scorch.formats.csr)
+    with pytest.raises(TypeError, match="set_interm: out_format must be a format name"):
+        sb.set_interm("1", KeepAll(), out_format=3)
+    with pytest.raises(ValueError, match=r"\.set_format: unknown format name 'xyz'"):
+        scorch.schedule.create_schedule(model)["1"].set_format("xyz")
+    sb.set_interm("1", KeepAll(), out_format="COO")   # names are case-insensitive, as everywhere
+    x = rnd(3, 6).float()
+    assert torch.allclose(sb.get_sparse_model()(x), model(x))
+
+
 class Attention(nn.Module):   # named like BERT's attention.self.query, the seed program's target
     def __init__(self):
         super().__init__()

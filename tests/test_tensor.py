@@ -232,6 +232,33 @@ def test_deepcopy(x):
     assert torch.equal(m.w.to_dense(), x)
 
 
+def test_copies_and_pickles_of_a_sparse_parameter_stay_parameters(x, tmp_path):
+    """nn.Parameter marks a tensor subclass (``_is_param``); deepcopy, pickle and torch.save /
+    torch.load of a module keep the mark -- as torch's for a dense Parameter -- so a copied model's
+    sparse weight is still trained, parametrized and assignable."""
+    import pickle
+    lin = torch.nn.Linear(8, 6)
+    lin.weight = torch.nn.Parameter(scorch.as_sparse(x.float(), "csr"))
+    lin.weight.grad = scorch.as_sparse(x.float() * 2, "csr")
+    torch.save(lin, tmp_path / "lin.pt")
+    for copied in (copy.deepcopy(lin), pickle.loads(pickle.dumps(lin)), torch.load(tmp_path / "lin.pt", weights_only=False)):
+        w = copied.weight
+        assert isinstance(w, torch.nn.Parameter) and isinstance(w, SparseTensor) and w.requires_grad
+        assert torch.equal(w.to_dense(), x.float()) and w is not lin.weight
+    assert torch.equal(copy.deepcopy(lin).weight.grad.to_dense(), x.float() * 2)   # torch's deepcopy copies grad
+    sd = {"w": torch.nn.Parameter(scorch.as_sparse(x, "coo"))}
+    torch.save(sd, tmp_path / "sd.pt")
+    assert isinstance(torch.load(tmp_path / "sd.pt", weights_only=True)["w"], torch.nn.Parameter)
+    c = copy.deepcopy(lin)
+    torch.nn.utils.parametrizations.weight_norm(c)
+    assert sorted(n for n, _ in c.named_parameters()) == [
+        "bias", "parametrizations.weight.original0", "parametrizations.weight.original1"]
+    c = copy.deepcopy(lin)
+    c.load_state_dict(lin.state_dict(), assign=True)
+    assert torch.equal(c.weight.to_dense(), x.float())
+    assert not isinstance(copy.deepcopy(scorch.as_sparse(x, "csr")), torch.nn.Parameter)
+
+
 def test_copy_into_sparse_takes_the_new_pattern(x):
     A = scorch.as_sparse(torch.zeros(6, 8), "csr")
     A.copy_(x)

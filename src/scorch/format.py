@@ -313,16 +313,31 @@ def _check_block_sizes(name, *sizes):
 
 def preset(name: str, ndim: int) -> Format:
     """The preset called ``name`` for an ``ndim``-d tensor."""
-    key = name.lower()
-    if key in ("bsr", "bsc"):
-        raise ScorchValueError(
-            f"format {name!r} needs a block size: use scorch.formats.{key}(bh, bw)")
-    if key not in _PRESETS:
-        raise ScorchValueError(
-            f"unknown format name {name!r}; expected one of {sorted(_PRESETS) + ['bsr', 'bsc']} or a scorch.Format")
+    key = _preset_key(name)
     if ndim < 1:
         raise ScorchValueError(f"format {name!r}: a sparse tensor needs at least 1 dim, got {ndim}-d")
     return _PRESETS[key](ndim)
+
+
+def _preset_key(name: str, arg: str = "") -> str:
+    """``name`` as a key of the presets, or a ScorchValueError (``arg``: the argument it came as)."""
+    key = name.lower()
+    where = f"{arg}: " if arg else ""
+    if key in ("bsr", "bsc"):
+        raise ScorchValueError(f"{where}format {name!r} needs a block size: use scorch.formats.{key}(bh, bw)")
+    if key not in _PRESETS:
+        raise ScorchValueError(f"{where}unknown format name {name!r}; expected one of "
+                               f"{sorted(_PRESETS) + ['bsr', 'bsc']} or a scorch.Format")
+    return key
+
+
+def check_format(fmt, *, arg: str) -> None:
+    """A format argument checked before the dims of the tensor it will store are known (a name
+    that adapts to them, or a Format): errors name ``arg`` at the call that took it."""
+    if isinstance(fmt, str):
+        _preset_key(fmt, arg)
+    elif not isinstance(fmt, Format):
+        raise ScorchTypeError(f"{arg} must be a format name (str) or a scorch.Format, got {type(fmt).__name__}")
 
 
 @functools.lru_cache(maxsize=512)

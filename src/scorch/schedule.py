@@ -25,7 +25,7 @@ from __future__ import annotations
 from torch import nn
 
 from .errors import ScorchTypeError, ScorchValueError
-from .format import Format, resolve
+from .format import Format, check_format, resolve
 from .sparsify import KeepAll, Sparsifier, SparsityBuilder, did_you_mean
 
 __all__ = ["create_schedule", "Schedule", "TensorSchedule"]
@@ -63,6 +63,7 @@ class TensorSchedule:
     def set_format(self, format, axis=None) -> "TensorSchedule":
         """Store the tensor (``axis=None``) or the listed axes, in that order, in ``format``."""
         if axis is None:
+            check_format(format, arg=f"{self._where()}.set_format")
             self._formats = [(None, format)]
             return self
         if self.ndim is None:

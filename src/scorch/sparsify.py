@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from .errors import ScorchTypeError, ScorchValueError
-from .format import Format
+from .format import check_format, resolve
 from .interop import from_coo
 from .tensor import SparseTensor
 
@@ -74,12 +74,25 @@ class Sparsifier:
 
     def __call__(self, tensor, format="csr") -> SparseTensor:
         w = _dense(type(self).__name__, tensor)
-        keep = self.mask(w.detach())
+        keep = _mask(type(self).__name__, self.mask(w.detach()), w)
         return from_coo(keep.nonzero().t(), w[keep], tuple(w.shape), format=format)
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
         return f"{type(self).__name__}({args})"
+
+
+def _mask(name: str, keep, w: torch.Tensor) -> torch.Tensor:
+    """What ``mask()`` returned as a bool tensor of ``w``'s shape: a bool mask as is, a numeric one
+    (torch.ao.pruning's 0/1 floats) kept where nonzero."""
+    if isinstance(keep, SparseTensor):
+        keep = keep.to_dense()
+    if not isinstance(keep, torch.Tensor):
+        raise ScorchTypeError(f"{name}.mask() must return a tensor, got {type(keep).__name__}")
+    if tuple(keep.shape) != tuple(w.shape):
+        raise ScorchValueError(f"{name}.mask() must return a mask of the tensor's shape {tuple(w.shape)}, "
+                               f"got shape {tuple(keep.shape)}")
+    return keep if keep.dtype == torch.bool else keep != 0
 
 
 class KeepAll(Sparsifier):
@@ -202,6 +215,7 @@ class SparsityBuilder:
                               out_format)
         if isinstance(params[name], SparseTensor):
             raise ScorchValueError(f"SparsityBuilder.set_weight: parameter {name!r} is sparse already")
+        resolve(out_format, params[name].dim(), arg=f"SparsityBuilder.set_weight: out_format for {name!r}")
         self._weights[name] = (sparsifier, out_format)
 
     def set_interm(self, name: str, sparsifier: Sparsifier, out_format="csr") -> None:
@@ -248,9 +262,7 @@ def _checked(method: str, sparsifier, out_format) -> Sparsifier:
     if not isinstance(sparsifier, Sparsifier):
         raise ScorchTypeError(f"SparsityBuilder.{method}: the sparsifier must be a scorch.sparsify Sparsifier, got "
                               f"{type(sparsifier).__name__}")
-    if not isinstance(out_format, (str, Format)):
-        raise ScorchTypeError(f"SparsityBuilder.{method}: out_format must be a format name or a scorch.Format, got "
-                              f"{type(out_format).__name__}")
+    check_format(out_format, arg=f"SparsityBuilder.{method}: out_format")
     return sparsifier
 
 

@@ -651,9 +651,13 @@ class SparseTensor(torch.Tensor):
                 f"density={self.density:.4g}, dtype={self.dtype}, index_dtype={self.index_dtype}{extra},\n"
                 f"       values={vals})")
 
+    # An nn.Parameter of a SparseTensor is a SparseTensor marked ``_is_param`` (torch's way for tensor
+    # subclasses: isinstance(p, nn.Parameter) reads the mark); copies and pickles keep the mark, or a
+    # deep-copied / reloaded model's sparse weight would stop being a parameter (weight_norm would
+    # register its originals as buffers, load_state_dict(assign=True) would refuse it).
     def __reduce_ex__(self, proto):
-        return (_rebuild_sparse, (_VERSION, self._format.to_spec(), tuple(self.shape),
-                                  self._pos, self._crd, self._values, self.requires_grad))
+        return (_rebuild_sparse, (_VERSION, self._format.to_spec(), tuple(self.shape), self._pos, self._crd,
+                                  self._values, self.requires_grad, bool(getattr(self, "_is_param", False))))
 
     def __deepcopy__(self, memo):
         if id(self) in memo:
@@ -662,7 +666,11 @@ class SparseTensor(torch.Tensor):
         out = SparseTensor(self._format, self.shape, copy.deepcopy(self._pos, memo),
                            copy.deepcopy(self._crd, memo), copy.deepcopy(self._values, memo),
                            requires_grad=self.requires_grad, nnz=self._stored)
+        if getattr(self, "_is_param", False):
+            out._is_param = True
         memo[id(self)] = out
+        if self.grad is not None:   # as torch's Tensor.__deepcopy__
+            out.grad = copy.deepcopy(self.grad, memo)
         return out
 
     # for torch.compile-style tracing: the inner tensors and a plain-data context
@@ -802,13 +810,16 @@ def _grad_in_pattern(box, grad):
     return x._like(values=project(grad, x).to(x._values.dtype), nnz=x._stored)
 
 
-def _rebuild_sparse(version, spec, shape, pos, crd, values, requires_grad):
+def _rebuild_sparse(version, spec, shape, pos, crd, values, requires_grad, param=False):
     if version != _VERSION:
         raise ScorchValueError(f"cannot load a SparseTensor saved in format version {version}")
     from .interop import validate_storage
     fmt = Format.from_spec(spec)
     validate_storage(fmt, shape, pos, crd, values, arg="loaded tensor")
-    return SparseTensor(fmt, shape, pos, crd, values, requires_grad=requires_grad)
+    out = SparseTensor(fmt, shape, pos, crd, values, requires_grad=requires_grad)
+    if param is True:
+        out._is_param = True
+    return out
 
 
 torch.serialization.add_safe_globals([_rebuild_sparse])
