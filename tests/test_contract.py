@@ -840,3 +840,121 @@ def test_coalesced_means_row_major_indices_aligned_with_values(fmt):
     assert C.is_coalesced() and A.is_coalesced() == (fmt in ("csr", "coo", "dcsr"))
     T = torch.sparse_coo_tensor(C.indices(), C.values(), C.shape, is_coalesced=C.is_coalesced())
     assert torch.equal(T.to_sparse_csr().to_dense(), x)   # torch code trusting the flag reads it right
+
+
+@pytest.mark.parametrize("fmt", ["csr", "bsr"])
+def test_roots_keep_zero_gradients_at_stored_zeros(fmt):
+    """vector_norm with 0 < p < 1 over a dim and std over a dim of all-zero stored values: torch's
+    backward masks the root's infinite derivative at 0; scorch's gave NaN there."""
+    x = torch.tensor([[0.0, 0.0, 1.0, 0.0], [2.0, 3.0, 0.0, 4.0]], dtype=torch.float64)
+    f = scorch.formats.bsr(1, 2) if fmt == "bsr" else fmt   # bsr stores the zeros beside 1 and 4
+    for op in (lambda t: torch.linalg.vector_norm(t, 0.5, dim=1), lambda t: t.norm(0.25, dim=0),
+               lambda t: torch.nn.functional.normalize(t, p=0.5, dim=1), lambda t: t.std(1),
+               lambda t: torch.std_mean(t[:, :2], 1)[0]):
+        want = x.clone().requires_grad_()
+        op(want).sum().backward()
+        got = x.clone().requires_grad_()
+        out = op(scorch.as_sparse(got, f))
+        (out.to_dense() if isinstance(out, scorch.SparseTensor) else out).sum().backward()
+        stored = scorch.as_sparse(x, f).to_dense() != 0
+        assert not got.grad.isnan().any()
+        torch.testing.assert_close(got.grad[stored], want.grad[stored])
+
+
+def test_sparse_masks_and_indices_stay_sparse_or_run_densely_as_torch():
+    """A sparse bool mask of the tensor's shape is read at its stored True entries (its dense copy of
+    a 10^6 x 10^6 matrix was allocated); a sparse index of a scatter into a dense tensor recursed
+    forever; a dense input with a sparse mask raised in masked_select."""
+    n = 10 ** 6
+    A = scorch.from_coo([[0, 5, n - 1], [3, 5, n - 2]], [1.0, -2.0, 3.0], (n, n), format="csr")
+    assert A.masked_fill(A < 0, 0.0).values().tolist() == [1.0, 0.0, 3.0]
+    assert A.clone().masked_fill_(A < 0, 0.0).values().tolist() == [1.0, 0.0, 3.0]
+    assert A.masked_select(A > 0).tolist() == [1.0, 3.0]
+    for value in (0.0, 7):
+        B = A.clone()
+        B[A < 0] = value
+        assert B.values().tolist() == [1.0, float(value), 3.0] and B.nnz == 3
+    assert A.index_put((A < 0,), torch.tensor(0.0)).values().tolist() == [1.0, 0.0, 3.0]
+    assert [t.tolist() for t in torch.where(A > 0)] == [[0, n - 1], [3, n - 2]]
+    x = torch.tensor([[0.0, -1.0, 2.0], [3.0, 0.0, -4.0]])
+    for fmt in ("csr", "csc", "coo", "ell"):
+        S, m = scorch.as_sparse(x, fmt), x != 0
+        for want, got in ((x.masked_fill(x < 0, 9.0), S.masked_fill(S < 0, 9.0)),
+                          (x.masked_fill(m, 5.0), x.masked_fill(scorch.as_sparse(m, fmt), 5.0)),
+                          (x.masked_select(x > 0), x.masked_select(scorch.as_sparse(x > 0, fmt)))):
+            assert torch.equal(got.to_dense() if isinstance(got, scorch.SparseTensor) else got, want)
+        B, d = S.clone(), x.clone()
+        B[scorch.as_sparse(x > 1, fmt)] = 8.0
+        d[x > 1] = 8.0
+        assert torch.equal(B.to_dense(), d)
+        grow = S.clone()
+        grow.masked_fill_(scorch.as_sparse(torch.eye(2, 3, dtype=torch.bool), fmt), 6.0)   # (0, 0) joins
+        assert torch.equal(grow.to_dense(), x.masked_fill(torch.eye(2, 3, dtype=torch.bool), 6.0))
+        assert [t.tolist() for t in torch.where(S)] == [t.tolist() for t in torch.where(x)]
+    for dtype, value in ((torch.float64, 1.2), (torch.int64, 2.7), (torch.bool, 2)):   # cast as torch casts
+        d = (x * 10).to(dtype)
+        B = scorch.as_sparse(d, "csr")
+        B[scorch.as_sparse(d != 0, "csr")] = value
+        d[d != 0] = value
+        assert torch.equal(B.to_dense(), d)
+    idx = torch.tensor([[1, 0], [0, 1]])
+    for op in ("scatter", "scatter_add"):
+        got = getattr(torch.zeros(2, 2), op)(1, scorch.as_sparse(idx, "csr"), torch.ones(2, 2))
+        assert torch.equal(got, getattr(torch.zeros(2, 2), op)(1, idx, torch.ones(2, 2)))
+    assert torch.equal(torch.zeros(2, 2).scatter(1, scorch.as_sparse(idx, "coo"), 1.0),
+                       torch.zeros(2, 2).scatter(1, idx, 1.0))
+    assert torch.equal(torch.zeros(2, 2).scatter(1, idx, value=2.0), torch.zeros(2, 2).scatter(1, idx, 2.0))
+
+
+@pytest.mark.parametrize("fmt", ["csr", "ell", "bsr"])
+def test_frexp_gives_both_parts_in_the_pattern(fmt):
+    x = torch.tensor([[0.0, 1.5, 0.0, 0.0], [-2.0, 0.0, 0.0, 40.0]])
+    S = scorch.as_sparse(x, scorch.formats.bsr(1, 2) if fmt == "bsr" else fmt)
+    got, want = torch.frexp(S), torch.frexp(x)
+    assert type(got) is type(want)
+    assert torch.equal(got.mantissa.to_dense(), want.mantissa) and torch.equal(got.exponent.to_dense(), want.exponent)
+    assert got.exponent.dtype == torch.int32 and torch.equal(S.frexp()[1].to_dense(), want[1])
+
+
+def test_scaled_products_follow_torch_for_alpha_zero_and_integer_scalars():
+    inf = float("inf")
+    x = torch.tensor([[0.0, inf], [1.0, 0.0]])
+    A, I, v = scorch.as_sparse(x, "csr"), torch.ones(2, 2), torch.ones(2)
+    for name, args in (("addmm", (I, A, I)), ("addmv", (v, A, v)), ("addbmm", (I, A.unsqueeze(0), I[None])),
+                       ("baddbmm", (I[None], A.unsqueeze(0), I[None]))):
+        dense = [a.to_dense() if isinstance(a, scorch.SparseTensor) else a for a in args]
+        for alpha, beta in ((0, 1), (0, 2.0), (2.0, 0)):
+            want = getattr(torch, name)(*dense, alpha=alpha, beta=beta)   # baddbmm: torch passes inf * 0 on
+            torch.testing.assert_close(getattr(torch, name)(*args, alpha=alpha, beta=beta), want, equal_nan=True)
+    xi, Ii, M = torch.tensor([[0, 3], [5, 0]]), torch.tensor([[1, 2], [3, 5]]), torch.tensor([[1, 1], [2, 3]])
+    Ai = scorch.as_sparse(xi, "csr")
+    for kw in ({"alpha": 2.5}, {"beta": 0.5}, {"alpha": -1.5, "beta": 2.0}):
+        got = torch.addmm(Ii, Ai, M, **kw)
+        assert got.dtype == torch.int64 and torch.equal(got, torch.addmm(Ii, xi, M, **kw))
+        assert torch.equal(torch.addmv(Ii[0], Ai, M[0], **kw), torch.addmv(Ii[0], xi, M[0], **kw))
+
+
+def test_legacy_torch_save_format_is_refused_clearly(tmp_path, monkeypatch):
+    """torch's legacy (non-zip) format reads a tensor's arrays only after rebuilding it: the arrays
+    were checked while still uninitialised (a false error, garbage coordinates)."""
+    tensor_module = __import__("importlib").import_module("scorch.tensor")
+    A = scorch.as_sparse(torch.tensor([[1.0, 0.0], [0.0, 2.0]]), "csr")
+    with pytest.raises(scorch.NotSupportedError, match="legacy format"):
+        torch.save(A, tmp_path / "a.pt", _use_new_zipfile_serialization=False)
+    real = tensor_module._inside
+    monkeypatch.setattr(tensor_module, "_inside", lambda fn: False if fn is torch.serialization._legacy_save
+                        else real(fn))   # a file written anyway (by hand, say)
+    torch.save({"A": A}, tmp_path / "a.pt", _use_new_zipfile_serialization=False)
+    monkeypatch.setattr(tensor_module, "_inside", real)
+    for weights_only in (True, False):
+        with pytest.raises(scorch.NotSupportedError, match="legacy"):
+            torch.load(tmp_path / "a.pt", weights_only=weights_only)
+    torch.save(A, tmp_path / "b.pt")
+    assert torch.equal(torch.load(tmp_path / "b.pt").to_dense(), A.to_dense())
+
+
+def test_deepcopy_keeps_a_users_attributes():
+    A = scorch.as_sparse(torch.eye(3), "csr")
+    A.tag = {"layer": 1}
+    B = __import__("copy").deepcopy(A)
+    assert B.tag == {"layer": 1} and B.tag is not A.tag and torch.equal(B.to_dense(), torch.eye(3))

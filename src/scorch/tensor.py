@@ -656,6 +656,10 @@ class SparseTensor(torch.Tensor):
     # deep-copied / reloaded model's sparse weight would stop being a parameter (weight_norm would
     # register its originals as buffers, load_state_dict(assign=True) would refuse it).
     def __reduce_ex__(self, proto):
+        if _inside(torch.serialization._legacy_save):
+            raise NotSupportedError("torch.save(..., _use_new_zipfile_serialization=False): a SparseTensor cannot be "
+                                    "saved in torch's legacy format (its arrays are read back only after it is "
+                                    "rebuilt, too late to check them); use the default format")
         return (_rebuild_sparse, (_VERSION, self._format.to_spec(), tuple(self.shape), self._pos, self._crd,
                                   self._values, self.requires_grad, bool(getattr(self, "_is_param", False))))
 
@@ -666,8 +670,9 @@ class SparseTensor(torch.Tensor):
         out = SparseTensor(self._format, self.shape, copy.deepcopy(self._pos, memo),
                            copy.deepcopy(self._crd, memo), copy.deepcopy(self._values, memo),
                            requires_grad=self.requires_grad, nnz=self._stored)
-        if getattr(self, "_is_param", False):
-            out._is_param = True
+        for name, value in vars(self).items():   # the parameter mark and a user's own attributes
+            if name == "_is_param" or not name.startswith("_"):
+                setattr(out, name, copy.deepcopy(value, memo))
         memo[id(self)] = out
         if self.grad is not None:   # as torch's Tensor.__deepcopy__
             out.grad = copy.deepcopy(self.grad, memo)
@@ -813,6 +818,9 @@ def _grad_in_pattern(box, grad):
 def _rebuild_sparse(version, spec, shape, pos, crd, values, requires_grad, param=False):
     if version != _VERSION:
         raise ScorchValueError(f"cannot load a SparseTensor saved in format version {version}")
+    if _inside(torch.serialization._legacy_load):   # (only written by hand: scorch refuses to save one so)
+        raise NotSupportedError("cannot load a SparseTensor from torch's legacy (non-zip) format: its arrays are "
+                                "read only after it is rebuilt, too late to check them")
     from .interop import validate_storage
     fmt = Format.from_spec(spec)
     validate_storage(fmt, shape, pos, crd, values, arg="loaded tensor")
@@ -820,6 +828,17 @@ def _rebuild_sparse(version, spec, shape, pos, crd, values, requires_grad, param
     if param is True:
         out._is_param = True
     return out
+
+
+def _inside(fn, depth: int = 30) -> bool:
+    """Whether ``fn`` is running further up this thread's stack (within ``depth`` frames)."""
+    import sys
+    code, frame = fn.__code__, sys._getframe(1)
+    while frame is not None and depth:
+        if frame.f_code is code:
+            return True
+        frame, depth = frame.f_back, depth - 1
+    return False
 
 
 torch.serialization.add_safe_globals([_rebuild_sparse])

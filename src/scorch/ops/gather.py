@@ -18,7 +18,7 @@ from .._dispatch import accepts_out, check_dense_size, dense_fallback, implement
 from ..errors import NotSupportedError, ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
 from .reduce import _entries
-from .shape import _dense_call, _dim, getitem, store_at
+from .shape import _dense_call, _densified, _dim, getitem, mask_points, store_at
 
 __all__ = ["take", "gather", "take_along_dim", "masked_select", "index_add", "index_add_", "embedding", "embedding_bag"]
 
@@ -29,13 +29,6 @@ def _integer(index, op: str) -> torch.Tensor:
     if index.dtype == torch.bool or index.dtype.is_floating_point or index.dtype.is_complex:
         raise ScorchTypeError(f"{op}: index must hold integers, got dtype {index.dtype}")
     return index
-
-
-def _sparse_input(input, op: str) -> SparseTensor:
-    if not isinstance(input, SparseTensor):
-        raise ScorchTypeError(f"{op}: a SparseTensor is only supported as the input, got "
-                              f"{type(input).__name__} as the input")
-    return input
 
 
 def _dense(out):
@@ -99,13 +92,14 @@ def take_along_dim(input, indices, dim=None):
 @accepts_out
 def masked_select(input, mask):
     """The elements where ``mask`` (broadcast to the input's shape) is True, row-major, 1-d."""
-    x = _sparse_input(input, "masked_select")
-    if isinstance(mask, SparseTensor):
-        mask = mask.to_dense()
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         raise ScorchTypeError(f"masked_select: mask must be a bool tensor, got "
                               f"{getattr(mask, 'dtype', type(mask).__name__)}")
-    return _dense(getitem(x, mask.expand(x.shape)))
+    if not isinstance(input, SparseTensor):   # a dense input with a sparse mask: densely
+        return _dense_call(torch.masked_select, input, mask)
+    if mask_points(mask, input.shape) is None:   # (a sparse mask of the input's shape stays sparse)
+        mask = _densified(mask, "masked_select: a sparse mask that broadcasts").expand(input.shape)
+    return _dense(getitem(input, mask))
 
 
 # ---------------------------------------------------------------- writes from a SparseTensor into a dense tensor
@@ -164,12 +158,15 @@ def _scatter(fn, op: str):
     def run(self, dim, index, src=None, *args, **kwargs):
         if isinstance(self, SparseTensor):
             return _on_sparse_self(fn, op, self, (dim, index, src, *args), kwargs)
+        rest = args if src is None else (src, *args)   # (scatter(dim, index, value=v) has no src)
+        if isinstance(index, SparseTensor):   # a sparse index: densely
+            return _dense_call(fn, self, dim, index, *rest, **kwargs)
         if isinstance(src, SparseTensor):
             index = _integer(index, op)
             if index.dim() != src.dim():
                 raise ScorchValueError(f"{op}: index needs as many dims as src ({src.dim()}), got {index.dim()}")
-            src = src[tuple(slice(0, n) for n in index.shape)].to_dense()
-        return fn(self, dim, index, src, *args, **kwargs)
+            rest = (src[tuple(slice(0, n) for n in index.shape)].to_dense(), *args)
+        return fn(self, dim, index, *rest, **kwargs)
     run.__name__ = op
     return run
 

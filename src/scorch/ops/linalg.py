@@ -170,8 +170,12 @@ for _name, _op in _SCALED.items():
 
 def _scaled_sum(name, equation, input, a, b, beta, alpha):
     """``beta * input + alpha * einsum(equation, a, b)``, torch's addmm rules: ``input`` broadcasts
-    to the product's shape; with ``beta == 0`` it is ignored (NaNs too); a dense ``input`` with
-    both factors 1 starts the kernel's accumulators."""
+    to the product's shape; with ``beta == 0`` it is ignored (NaNs too), and so is the product with
+    ``alpha == 0`` where torch's BLAS-backed forms ignore it (addmm, addmv, addbmm); integer
+    operands take the scalars as integers (torch casts them: ``beta=0.5`` is 0); a dense ``input``
+    with both factors 1 starts the kernel's accumulators."""
+    if name != "addr" and not torch.promote_types(torch.promote_types(a.dtype, b.dtype), input.dtype).is_floating_point:
+        alpha, beta = _as_integer(alpha), _as_integer(beta)   # (addr refuses float scalars, as torch's)
     if beta == 1 and alpha == 1 and isinstance(input, torch.Tensor) and not is_sparse(input) \
             and (is_sparse(a) or is_sparse(b)):
         return einsum_add(equation, (a, b), (input,))  # input starts the accumulators
@@ -179,11 +183,18 @@ def _scaled_sum(name, equation, input, a, b, beta, alpha):
     if broadcast_shapes(input.shape, prod.shape) != tuple(prod.shape):
         raise ScorchValueError(f"{name}: input of shape {tuple(input.shape)} does not broadcast to the product's "
                                f"shape {tuple(prod.shape)}")
-    if alpha != 1:
+    if alpha == 0 and name in ("addmm", "addmv", "addbmm"):   # (an inf or NaN in a factor stays out)
+        prod = torch.zeros(prod.shape, dtype=prod.dtype)
+    elif alpha != 1:
         prod = prod * alpha
     if beta == 0:
         return prod
     return (input if beta == 1 else input * beta) + prod
+
+
+def _as_integer(scalar):
+    """A float ``alpha`` / ``beta`` of an integer product, cast as torch casts it (towards zero)."""
+    return int(scalar) if isinstance(scalar, float) else scalar
 
 
 @implements(torch.sparse.mm)

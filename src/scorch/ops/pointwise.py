@@ -30,6 +30,7 @@ from ..errors import InternalError, NotSupportedError, ScorchTypeError, ScorchVa
 from ..format import Format, dense
 from ..tensor import SparseTensor
 from ._pattern import project, same_pattern, stored
+from .shape import _densified, mask_points, ravel_coords, store_at
 
 
 def _is_scalar(a) -> bool:
@@ -151,6 +152,9 @@ def pointwise(func, args, kwargs):
     if not _zero_preserving(func, args, kwargs):
         return densified(func, args, kwargs)  # f(0) != 0: the result is dense by definition
     out = func(*vargs, **vkwargs)
+    if isinstance(out, tuple):   # frexp: (mantissa, exponent), each in the pattern, torch's named tuple
+        parts = tuple(ref._like(values=o, nnz=ref._stored) for o in out)
+        return parts if type(out) is tuple else type(out)(parts)
     if out.shape == ref._values.shape and out.is_contiguous():
         return ref._on_pattern(out)   # the pattern as it is: nothing to check again
     return ref._like(values=out, nnz=ref._stored)
@@ -501,8 +505,14 @@ for _name in sorted({n[len("aten::"):].split(".")[0] for n in torch._C._dispatch
 
 def _mask_hits(x: SparseTensor, mask) -> torch.Tensor:
     """Per value of ``x``: whether ``mask`` (broadcast to ``x``'s shape) is True at its entry
-    (False at ELL's padding slots)."""
-    return project((mask.to_dense() if isinstance(mask, SparseTensor) else mask).expand(x._shape), x)
+    (False at ELL's padding slots); a sparse mask of ``x``'s shape by its stored True entries."""
+    at = mask_points(mask, x._shape)
+    if at is None:
+        return project(_densified(mask, "masked_fill: a sparse mask that broadcasts").expand(x._shape), x)
+    coords, where = stored(x)
+    hits = torch.zeros(x._values.shape, dtype=torch.bool)
+    hits[where] = torch.isin(ravel_coords(coords, x._shape, coords.shape[1]), ravel_coords(at, x._shape, at.shape[1]))
+    return hits
 
 
 def _check_bool_mask(name: str, mask) -> None:
@@ -522,12 +532,11 @@ def _masked_fill(self, mask, value):
     value = _fill_value(value)
     _check_bool_mask("masked_fill", mask)
     if not isinstance(self, SparseTensor):   # a dense tensor with a sparse mask
-        return torch.ops.aten.masked_fill.Scalar(self, mask.to_dense(), value)
-    if value == 0 and isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
+        return torch.ops.aten.masked_fill.Scalar(self, _densified(mask, "masked_fill: the sparse mask"), value)
+    if value == 0:
         return self._like(values=self._values.masked_fill(_mask_hits(self, mask), 0), nnz=self._stored)
     check_dense_size("masked_fill with a value other than 0 gives a dense result, and", [self, mask])
-    return torch.ops.aten.masked_fill.Scalar(self.to_dense(), mask.to_dense() if isinstance(mask, SparseTensor)
-                                             else mask, value)
+    return torch.ops.aten.masked_fill.Scalar(self.to_dense(), _densified(mask, "masked_fill"), value)
 
 
 @implements_aten(torch.ops.aten.masked_fill_.Scalar, torch.ops.aten.masked_fill_.Tensor)
@@ -537,13 +546,13 @@ def _masked_fill_(self, mask, value):
     value = _fill_value(value)
     _check_bool_mask("masked_fill_", mask)
     if not isinstance(self, SparseTensor):
-        return self.masked_fill_(mask.to_dense(), value)
+        return self.masked_fill_(_densified(mask, "masked_fill_: the sparse mask"), value)
     hits = _mask_hits(self, mask)
     if value != 0:
-        m = (mask.to_dense() if isinstance(mask, SparseTensor) else mask).expand(self._shape)
-        if int(m.sum()) != int(hits.sum()):
-            from .shape import store_at
-            at = m.nonzero().t()
+        at = mask_points(mask, self._shape)
+        if at is None:
+            at = _densified(mask, "masked_fill_: a sparse mask that broadcasts").expand(self._shape).nonzero().t()
+        if at.shape[1] != int(hits.sum()):
             store_at(self, at, torch.as_tensor(value).expand(at.shape[1]), "masked_fill_")
             return self
     self._values.masked_fill_(hits, value)

@@ -282,11 +282,10 @@ def _norm(x: SparseTensor, ord, dim, keepdim: bool, dtype, dense_norm):
     size = x.with_values(values.abs())
     if ord == float("inf"):
         return amax(size, dims, keepdim)
-    total = sum_(size if ord == 1 else size.with_values(size.values() ** ord), dims, keepdim)
-    if ord == 1:
-        return total
-    positive = total != 0   # the root's gradient at 0 is infinite: zero norms stay out of the graph (NaN stays)
-    return torch.where(positive, torch.where(positive, total, 1.0) ** (1.0 / ord), 0.0)
+    # |v| ** ord: for ord < 1 a root of each stored |v| (a stored 0 out of the graph, as torch's)
+    total = sum_(size if ord == 1 else size.with_values(_root(size.values(), ord) if ord < 1 else size.values() ** ord),
+                 dims, keepdim)
+    return total if ord == 1 else _root(total, 1.0 / ord)
 
 
 def _bounded_dense(x: SparseTensor, op: str) -> torch.Tensor:
@@ -430,6 +429,15 @@ def nonzero(input, *, as_tuple=False):
     return tuple(coords) if as_tuple else coords.t().contiguous()
 
 
+@implements(torch.where)
+def where(condition, *args, **kwargs):
+    """``torch.where(condition)`` is ``nonzero(condition, as_tuple=True)``, read off the stored
+    entries; the select ``torch.where(condition, input, other)`` goes on as torch runs it."""
+    if not args and not kwargs:
+        return nonzero(condition, as_tuple=True)
+    return as_torch_runs(torch.where, condition, *args, **kwargs)
+
+
 # ------------------------------------------------------------------ var / std / diagonal / trace
 
 def _legacy_var_args(fn):
@@ -482,7 +490,14 @@ def std(input, dim=None, *, correction=1, keepdim=False, unbiased=None):
     if input.dtype.is_floating_point and input.dtype != torch.float64:   # the root in float64 too, as torch's
         return std(input.to(torch.float64), dim, correction=correction, keepdim=keepdim,
                    unbiased=unbiased).to(input.dtype)
-    return var(input, dim, correction=correction, keepdim=keepdim, unbiased=unbiased).sqrt()
+    return _root(var(input, dim, correction=correction, keepdim=keepdim, unbiased=unbiased), 0.5)
+
+
+def _root(total: torch.Tensor, power: float) -> torch.Tensor:
+    """``total ** power`` (``power < 1``: a root, whose gradient at 0 is infinite) with zero totals
+    out of the graph: their gradient 0, as torch's norm and std backward mask it (a NaN stays)."""
+    positive = total != 0
+    return torch.where(positive, torch.where(positive, total, 1.0) ** power, 0.0)
 
 
 @implements(torch.diagonal, torch.Tensor.diagonal)

@@ -572,8 +572,13 @@ def setitem(x, key, value):
         raise NotSupportedError("setitem: writing into a SparseTensor that requires grad, or a value that does, is "
                                 "not recorded by autograd; assign under torch.no_grad() (a parameter update), or "
                                 "build a new tensor (torch.where, x.with_values)")
-    dense = lambda k: k.to_dense() if isinstance(k, SparseTensor) else k  # noqa: E731
     key = _numpy_as_tensors(key)
+    if isinstance(key, tuple) and len(key) == 1 and isinstance(key[0], SparseTensor):
+        key = key[0]   # (index_put_'s one-mask tuple)
+    at = mask_points(key, x._shape)
+    if at is not None and (not isinstance(value, torch.Tensor) or value.dim() == 0):
+        return _set_points(x, at, value)   # x[x < 0] = 0: the mask's stored True entries, nothing dense
+    dense = lambda k: _densified(k, "setitem: a sparse key or value")  # noqa: E731
     key = tuple(map(dense, key)) if isinstance(key, tuple) else dense(key)
     value = dense(value)
     if isinstance(value, torch.Tensor) and value.dtype != x.dtype:
@@ -635,6 +640,44 @@ def setitem(x, key, value):
         x._values[where[hit]] = value if scalar else new[tuple(coords[:, hit])]   # (a format's last level
         # is unique: no coordinate is stored twice)
     torch.autograd.graph.increment_version(x)   # a tensor saved for backward sees the write
+
+
+def mask_points(mask, shape) -> torch.Tensor | None:
+    """The coordinates (``ndim x k``, unique, in storage order) where ``mask`` -- a bool SparseTensor
+    of exactly ``shape`` -- is True: its stored True entries (the dense shape never made); None for
+    any other mask (a dense one, or one that broadcasts)."""
+    if not isinstance(mask, SparseTensor) or mask.dtype != torch.bool or tuple(mask._shape) != tuple(shape):
+        return None
+    coords, where = stored(mask)
+    return coords[:, mask._values[where]]
+
+
+def _set_points(x: SparseTensor, at: torch.Tensor, value) -> None:
+    """``x`` takes the scalar ``value`` at the coordinates ``at``: the stored ones in place; a
+    nonzero (or NaN) at ones ``x`` does not store joins the pattern (:func:`store_at`)."""
+    value = _fill_scalar(value, x.dtype)
+    coords, where = stored(x)
+    hit = torch.isin(ravel_coords(coords, x._shape, coords.shape[1]), ravel_coords(at, x._shape, at.shape[1]))
+    if int(hit.sum()) < at.shape[1] and value != 0:   # (NaN too)
+        store_at(x, at, torch.as_tensor(value, dtype=x.dtype).expand(at.shape[1]), "setitem")
+        return
+    x._values[where[hit]] = value
+    torch.autograd.graph.increment_version(x)
+
+
+def _fill_scalar(value, dtype):
+    """A scalar written into values of ``dtype``: a 0-d tensor's item, cast as torch casts it."""
+    if isinstance(value, torch.Tensor):
+        value = value.item()
+    return torch.as_tensor(value, dtype=dtype).item()   # (no detour through the default dtype)
+
+
+def _densified(t, what: str):
+    """``t``'s dense copy when it is a SparseTensor (size-checked), else ``t``."""
+    if not isinstance(t, SparseTensor):
+        return t
+    check_dense_size(f"{what} is used densely, and", [t])
+    return t.to_dense()
 
 
 def _check_store_size(x: SparseTensor, k: int, name: str) -> None:
