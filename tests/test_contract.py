@@ -958,3 +958,17 @@ def test_deepcopy_keeps_a_users_attributes():
     A.tag = {"layer": 1}
     B = __import__("copy").deepcopy(A)
     assert B.tag == {"layer": 1} and B.tag is not A.tag and torch.equal(B.to_dense(), torch.eye(3))
+
+
+@pytest.mark.parametrize("op", ["argmax", "argmin", "trace", "topk", "kthvalue", "median", "nanmedian"])
+def test_order_statistics_refuse_bool_as_torch(op):
+    b = torch.tensor([[False, True, False], [True, True, False]])
+    call = {"topk": lambda t: t.topk(1), "kthvalue": lambda t: t.kthvalue(1)}.get(op, lambda t: getattr(t, op)())
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        call(b)
+    with pytest.raises(TypeError, match=f"{op}: does not support bool input"):
+        call(scorch.as_sparse(b, "csr"))
+    if op in ("argmax", "median"):
+        with pytest.raises(TypeError, match="bool"):
+            getattr(scorch.as_sparse(b, "coo"), op)(1)
+    assert torch.equal(scorch.as_sparse(b.int(), "csr").argmax(), b.int().argmax())

@@ -24,7 +24,7 @@ from ..convert import sort_keys
 from ..errors import NotSupportedError, ScorchValueError
 from ..tensor import SparseTensor
 from ._pattern import stored
-from .reduce import _entries, _group
+from .reduce import _entries, _group, refuse_bool
 from .shape import _dim, _int
 
 __all__ = ["topk", "kthvalue", "median", "nanmedian", "sort", "argsort", "msort", "cumsum", "cumprod", "cummax",
@@ -38,6 +38,7 @@ _I64 = torch.int64
 def topk(input, k, dim=-1, largest=True, sorted=True):
     """The ``k`` largest (``largest=False``: smallest) elements along ``dim`` and their positions,
     implicit zeros included; always in sorted order.  NaN counts as largest, as in torch."""
+    refuse_bool(input, "topk")
     k = _int(k, "topk", "k")
     d = _dim(dim, input.dim(), "topk")
     size = input.shape[d]
@@ -116,6 +117,7 @@ def _dim_of(input, dim, op: str):
 @accepts_out
 def kthvalue(input, k, dim=-1, keepdim=False):
     """The ``k``-th smallest element along ``dim`` (1-based) and its position."""
+    refuse_bool(input, "kthvalue")
     d = _dim_of(input, dim, "kthvalue")
     k = _int(k, "kthvalue", "k")
     if not 1 <= k <= input.shape[d]:
@@ -127,6 +129,7 @@ def kthvalue(input, k, dim=-1, keepdim=False):
 
 
 def _median(input, dim, keepdim, op: str, skip_nan: bool):
+    refuse_bool(input, op)
     if dim is None:
         flat = input.reshape(-1)
         if flat.shape[0] == 0:

@@ -515,8 +515,15 @@ def diagonal(input, offset=0, dim1=0, dim2=1):
     return out.index_add(0, coords[0][on] if offset >= 0 else coords[1][on], vals[on])
 
 
+def refuse_bool(x, op: str) -> None:
+    """torch's ``op`` has no bool form (argmax, trace, topk, median...): neither has scorch's."""
+    if x.dtype == torch.bool:
+        raise ScorchTypeError(f"{op}: does not support bool input (as torch's); convert it first (x.int())")
+
+
 @implements(torch.trace, torch.Tensor.trace)
 def trace(input):
+    refuse_bool(input, "trace")
     if input.dim() != 2:
         raise ScorchValueError(f"trace: expects a 2-d tensor, got {input.dim()}-d")
     return diagonal(input).sum()
@@ -632,6 +639,7 @@ def _arg_extreme(x, dim, keepdim, op: str):
     name = "argmax" if op == "amax" else "argmin"
     if not isinstance(x, SparseTensor):
         return as_torch_runs(torch.argmax if op == "amax" else torch.argmin, x, dim, keepdim)
+    refuse_bool(x, name)
     if dim is not None:
         return _extreme_along(x, dim, keepdim, op)[1]
     if keepdim:
