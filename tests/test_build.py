@@ -261,3 +261,16 @@ def test_set_signature_passes_every_scalar_kind(env):
     assert out_i.tolist() == [-5, 2**40 + 3] and out_d.tolist() == [0.25, -1.5]
     with pytest.raises(InternalError, match="'q'.*'int32_t'"):
         build.set_signature(lib.echo, [Param("q", "int32_t", ("size", "i"))])
+
+
+@pytest.mark.skipif(not build.have_compiler(), reason="no C compiler")
+def test_generated_sources_compile_without_optimisation(monkeypatch):
+    """SCORCH_CFLAGS=-O0 (a debugging build): the shift of the row sums' lane shuffle was an
+    immediate only once the optimiser folded it; the source failed to compile."""
+    import scorch
+    A = scorch.as_sparse(torch.eye(40), "csr")
+    sources = [scorch.explain(eq, A.to(dt), *ops).source for dt in (torch.float32, torch.float64)
+               for eq, ops in (("ij,j->i", (torch.ones(40, dtype=dt),)), ("ij,jk->ik", (torch.ones(40, 3, dtype=dt),)))]
+    monkeypatch.setenv("SCORCH_CFLAGS", "-O0")
+    for src in sources:
+        assert build.compile_library(src, tag="o0") is not None

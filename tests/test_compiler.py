@@ -163,7 +163,7 @@ def test_sddmm_keeps_the_pattern():
     A = scorch.as_sparse(rnd(7, 8), "csr")
     out = scorch.einsum("ij,ik,jk->ij", A, rnd(7, 3, density=1), rnd(8, 3, density=1))
     assert isinstance(out, scorch.SparseTensor) and out.format == A.format and out.nnz == A.nnz
-    assert out.crd(1) is A.crd(1)  # index arrays are shared, only values are new
+    assert out._crd[1] is A._crd[1]  # index arrays are shared, only values are new
 
 
 @needs_cc
@@ -259,7 +259,7 @@ def test_torch_csr_operand_is_wrapped_without_copying():
     t = rnd(6, 5, dtype=torch.float32).to_sparse_csr()
     from scorch.compiler.driver import _operands
     (A,) = _operands((t,))
-    assert A.crd(1).data_ptr() == t.col_indices().data_ptr() and A.values().data_ptr() == t.values().data_ptr()
+    assert A._crd[1].data_ptr() == t.col_indices().data_ptr() and A.values().data_ptr() == t.values().data_ptr()
 
 
 def test_no_compiler_falls_back_to_torch_with_one_warning(monkeypatch):
@@ -345,7 +345,7 @@ def test_argument_filler_reads_each_operand():
                            (3, "vals", 0, None, None), (4, "data", 1, None, None), (5, "ncrd", 0, 1, None)))
     args = [None] * 6
     fill((A, x), (), 2, args)
-    assert args == [2, A.pos(1).data_ptr(), A.crd(1).data_ptr(), A.values().data_ptr(), x.data_ptr(), 3]
+    assert args == [2, A._pos[1].data_ptr(), A._crd[1].data_ptr(), A.values().data_ptr(), x.data_ptr(), 3]
     with pytest.raises(InternalError, match="bogus"):
         driver._filler(((0, "bogus", 0, 0, None),))
 

@@ -956,8 +956,10 @@ def test_legacy_torch_save_format_is_refused_clearly(tmp_path, monkeypatch):
 def test_deepcopy_keeps_a_users_attributes():
     A = scorch.as_sparse(torch.eye(3), "csr")
     A.tag = {"layer": 1}
+    A.me = A   # (a cycle: the memo ends it, as torch's)
     B = __import__("copy").deepcopy(A)
     assert B.tag == {"layer": 1} and B.tag is not A.tag and torch.equal(B.to_dense(), torch.eye(3))
+    assert B.me is B
 
 
 @pytest.mark.parametrize("op", ["argmax", "argmin", "trace", "topk", "kthvalue", "median", "nanmedian"])
@@ -972,3 +974,109 @@ def test_order_statistics_refuse_bool_as_torch(op):
         with pytest.raises(TypeError, match="bool"):
             getattr(scorch.as_sparse(b, "coo"), op)(1)
     assert torch.equal(scorch.as_sparse(b.int(), "csr").argmax(), b.int().argmax())
+
+
+def test_dense_operands_with_torchs_negation_bit_are_read_as_their_values():
+    """``x.conj().imag`` (and ``torch._neg_view``) is a lazily negated tensor: kernels read its raw
+    memory, which holds the values before negation (every product was negated)."""
+    D = torch.tensor([[0.0, 2.0, 0.0, 1.0], [3.0, 0.0, -1.0, 0.0], [0.0, 0.0, 0.0, 4.0]])
+    A = scorch.as_sparse(D, "csr")
+    z = torch.tensor([1 + 2j, 3 - 1j, -2 + 0.5j, 4 + 1j], dtype=torch.complex64)
+    x = z.conj().imag
+    X = torch._neg_view(torch.randn(4, 3))
+    assert x.is_neg() and X.is_neg()
+    for _ in range(2):   # the first call binds the kernel, the second runs the bound call
+        torch.testing.assert_close(A @ x, D @ x.resolve_neg())
+        torch.testing.assert_close(scorch.einsum("ij,j->i", A, x), D @ x.resolve_neg())
+        torch.testing.assert_close(A @ X, D @ X.resolve_neg())
+        torch.testing.assert_close((A * x).to_dense(), D * x.resolve_neg())
+        torch.testing.assert_close(torch.addmv(x, A.t(), x[:3]), torch.addmv(x.resolve_neg(), D.t(), x[:3].resolve_neg()))
+    B = A.with_values(torch._neg_view(A.values().clone()))   # negated values: stored as what they mean
+    torch.testing.assert_close(B.to_dense(), -D)
+    torch.testing.assert_close(B @ x, -D @ x.resolve_neg())
+
+
+def test_the_arrays_a_tensor_hands_out_cannot_change_its_storage():
+    """values() is a view (its resize_ / set_ / .data = leave the tensor's array alone); pos() / crd()
+    / crow_indices() and to_scipy() give copies (scipy's eliminate_zeros compacted the tensor's own
+    arrays): each of these crashed the next product or read garbage."""
+    D = torch.tensor([[0.0, 2.0, 0.0, 1.0], [3.0, 0.0, -1.0, 0.0], [0.0, 5.0, 0.0, 4.0]])
+    x = torch.arange(4.0)
+    for attack in (lambda A: A.values().resize_(1), lambda A: A.values().set_(torch.empty(0)),
+                   lambda A: setattr(A.values(), "data", A.values().double()),
+                   lambda A: A.crd(1).fill_(10 ** 6), lambda A: A.pos(1).__setitem__(-1, 10 ** 8),
+                   lambda A: A.col_indices().fill_(10 ** 6), lambda A: A.crow_indices().zero_()):
+        A = scorch.as_sparse(D, "csr")
+        A @ x
+        attack(A)
+        assert A.dtype == torch.float32
+        torch.testing.assert_close(A @ x, D @ x)
+    A = scorch.as_sparse(D, "csr")
+    A.values().mul_(2)   # writes into the values are the tensor's, as torch's values()
+    torch.testing.assert_close(A.to_dense(), 2 * D)
+    sp = pytest.importorskip("scipy.sparse")
+    A = scorch.as_sparse(D, "csr")
+    A.values()[::2] = 0
+    S = A.to_scipy()
+    S.eliminate_zeros()
+    S.data *= 10
+    assert isinstance(S, sp.sparray) and A.nnz == 6
+    torch.testing.assert_close(A @ x, A.to_dense() @ x)
+
+
+def test_values_on_another_device_never_reach_a_bound_kernel():
+    D = torch.tensor([[0.0, 2.0], [3.0, 0.0]])
+    A, x = scorch.as_sparse(D, "csr"), torch.ones(2)
+    B = A.with_values(torch.ones(A.nnz, device="meta"))
+    A @ x   # binds the CPU kernel for the CPU signature
+    with pytest.raises(scorch.NotSupportedError, match="on meta"):
+        B @ x
+
+
+def test_more_torch_conventions_of_todays_sweeps():
+    x = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    S, idx = scorch.as_sparse(x, "csr"), torch.tensor([0, 1, -1])
+    src = scorch.as_sparse(torch.ones(3, 2), "coo")
+    with pytest.raises(IndexError, match="index -1 is out of bounds"):
+        torch.zeros(3, 2).index_add(0, idx, src)
+    with pytest.raises(RuntimeError):
+        torch.zeros(3, 2).index_add(0, idx, torch.ones(3, 2))   # torch's own refusal
+    y = torch.tensor([[5.0, 6.0], [7.0, 8.0]])
+    m = x > 0
+    for kw in ({"input": S, "other": y}, {"input": y, "other": S}):
+        want = torch.where(m, **{k: v.to_dense() if isinstance(v, scorch.SparseTensor) else v for k, v in kw.items()})
+        got = torch.where(m, **kw)
+        assert torch.equal(got.to_dense() if isinstance(got, scorch.SparseTensor) else got, want)
+    got = torch.where(condition=scorch.as_sparse(m, "csr"), input=y, other=S)
+    assert torch.equal(got.to_dense() if isinstance(got, scorch.SparseTensor) else got, torch.where(m, y, x))
+    a = torch.tensor([[0.0, float("inf")], [1.0, 0.0]])
+    for name, factors in (("addmm", (torch.ones(2, 2),)), ("addmv", (torch.ones(2),))):
+        leaf = a.clone().requires_grad_()
+        P = scorch.as_sparse(leaf, "csr")
+        out = getattr(torch, name)(torch.ones(2, 2) if name == "addmm" else torch.ones(2), P, *factors, alpha=0)
+        assert out.requires_grad
+        out.sum().backward()
+        assert torch.equal(leaf.grad, torch.zeros(2, 2))
+    xi = torch.tensor([1, 2])
+    with pytest.raises(TypeError, match="must not be floating point"):
+        torch.addr(torch.zeros(2, 2, dtype=torch.int64), scorch.as_sparse(xi, "coo"), xi, alpha=2.5)
+    with pytest.raises(RuntimeError, match="must not be a floating point"):
+        torch.addr(torch.zeros(2, 2, dtype=torch.int64), xi, xi, alpha=2.5)   # torch's own refusal
+    I8 = scorch.as_sparse(torch.tensor([[1, 0], [0, 2]], dtype=torch.int8), "csr")
+    for value in (300, float("nan")):
+        with pytest.raises(RuntimeError, match="overflow"):
+            I8.clone().masked_fill_(I8 != 0, value)
+        with pytest.raises(RuntimeError, match="overflow"):
+            I8.clone()[I8 != 0] = value
+    F = scorch.as_sparse(torch.tensor([[1.0, 0.0], [0.0, 2.0]]), "coo")
+    for value in (1e40, 1 + 2j):
+        with pytest.raises(RuntimeError, match="overflow"):
+            F.clone()[F != 0] = value
+    G = F.clone()
+    G[F != 0] = 1 + 0j   # a complex with no imaginary part is written, as torch writes it
+    assert torch.equal(G.to_dense(), torch.eye(2))
+    row = scorch.as_sparse(torch.tensor([[0.0, 3.0, 0.0, 4.0]]), "csr")
+    mask = torch.tensor([[True, True, False, True], [False, True, True, True]])
+    assert torch.equal(row.masked_select(mask), row.to_dense().masked_select(mask))
+    with pytest.raises(ValueError, match="at most 26 dims"):
+        scorch.from_coo(torch.zeros(27, 1, dtype=torch.int64), torch.ones(1), (1,) * 27, format="coo")

@@ -198,7 +198,7 @@ def test_torch_save_load_round_trip(x, fmt):
 
 def test_load_rejects_corrupted_storage(x):
     A = scorch.as_sparse(x, "csr")
-    A.crd(1)[0] = 99  # corrupt after construction
+    A._crd[1][0] = 99  # corrupt after construction (crd() is a copy)
     buf = io.BytesIO()
     torch.save(A, buf)
     buf.seek(0)
@@ -245,7 +245,12 @@ def test_copies_and_pickles_of_a_sparse_parameter_stay_parameters(x, tmp_path):
         w = copied.weight
         assert isinstance(w, torch.nn.Parameter) and isinstance(w, SparseTensor) and w.requires_grad
         assert torch.equal(w.to_dense(), x.float()) and w is not lin.weight
-    assert torch.equal(copy.deepcopy(lin).weight.grad.to_dense(), x.float() * 2)   # torch's deepcopy copies grad
+    dense = torch.nn.Linear(8, 6)
+    dense.weight.grad = torch.ones(6, 8)
+    assert copy.deepcopy(lin).weight.grad is None and copy.deepcopy(dense).weight.grad is None   # Parameter's rule
+    B = scorch.as_sparse(x, "csr").requires_grad_()
+    B.grad = scorch.as_sparse(x * 2, "csr")
+    assert torch.equal(copy.deepcopy(B).grad.to_dense(), x * 2)   # a plain tensor's deepcopy copies its grad
     sd = {"w": torch.nn.Parameter(scorch.as_sparse(x, "coo"))}
     torch.save(sd, tmp_path / "sd.pt")
     assert isinstance(torch.load(tmp_path / "sd.pt", weights_only=True)["w"], torch.nn.Parameter)
@@ -413,7 +418,7 @@ def test_kernel_results_on_a_pattern_match_the_constructor(dtype):
     assert (got.format, got.shape, got.dtype, got.nnz, got._sig) == (want.format, want.shape, want.dtype, want.nnz,
                                                                      want._sig)
     torch.testing.assert_close(got.to_dense(), want.to_dense())
-    assert got.values() is v and not got.requires_grad
+    assert got._values is v and not got.requires_grad
 
 
 @pytest.mark.parametrize("fmt, shape", [("csr", (3, 4)), ("coo", (2, 3, 4)), ("csf", (2, 2, 3)), ("dense", (5,)),
@@ -525,7 +530,7 @@ def test_storage_methods_refuse_or_act_on_the_buffers(x):
         A.untyped_storage()
     with pytest.raises(TypeError, match="no storage of its own"):
         A.storage()
-    assert A.share_memory_() is A and A.is_shared() and A.crd(1).is_shared()
+    assert A.share_memory_() is A and A.is_shared() and A._crd[1].is_shared()
     assert A.is_pinned() == A.values().is_pinned()  # the fallback raised (no dense copy needed)
     assert torch.equal(A.clone().apply_(lambda v: 2 * v).to_dense(), 2 * x)
 

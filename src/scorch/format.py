@@ -112,6 +112,7 @@ singleton = Level("singleton")
 padded = Level("padded")
 
 
+MAX_DIMS = 26                        # one einsum letter per dim (scorch's own equations: a-z)
 _KEYS: dict = {}                     # (levels, order, block) -> the format's cache key
 _KEY_COUNTER = itertools.count()     # next() is atomic: two formats never share a key
 
@@ -163,6 +164,9 @@ class Format:
                     f"(e.g. compressed(unique=False)), got {levels[:k + 1]}")
             if not lv.unique and (k + 1 == len(levels) or levels[k + 1].kind != "singleton"):
                 raise ScorchValueError(f"Format: nonunique level {k} must be followed by a singleton level")
+        if (len(levels) // 2 if block else len(levels)) > MAX_DIMS:
+            raise ScorchValueError(f"Format: a sparse tensor has at most {MAX_DIMS} dims here (the compiler names "
+                                   f"each dim with a letter), got {len(levels) // 2 if block else len(levels)}")
         object.__setattr__(self, "levels", levels)
         object.__setattr__(self, "order", order)
         object.__setattr__(self, "block", block)

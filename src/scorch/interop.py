@@ -502,9 +502,9 @@ def to_scipy(A: SparseTensor):
     import scipy.sparse as sp
     if A.dim() != 2:
         raise ScorchValueError(f"to_scipy: scipy.sparse holds 2-d matrices, got a {A.dim()}-d tensor")
-    v = A.values().detach()
-    if v.dtype in (torch.bfloat16, torch.float16):  # scipy.sparse has neither; float32 holds both exactly
-        v = v.float()
+    v = A.values().detach().clone()   # scipy's in-place methods (eliminate_zeros, sort_indices) rewrite
+    if v.dtype in (torch.bfloat16, torch.float16):  # its arrays: A's are not handed over (pos / crd copy too)
+        v = v.float()                 # (scipy.sparse has neither half type; float32 holds both exactly)
     name = A.format.name or ""
     if name in ("csr", "csc"):
         make = sp.csr_array if name == "csr" else sp.csc_array

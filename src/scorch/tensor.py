@@ -42,8 +42,10 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 class SparseTensor(torch.Tensor):
     """A sparse tensor in any level format.  Build one with :func:`scorch.as_sparse`,
     :func:`scorch.from_coo` or :meth:`SparseTensor.from_levels` (all validate their
-    input); the raw constructor is internal and trusts its arrays.  Mutating the index
-    arrays of an existing tensor in place is not supported (kernels read them unchecked).
+    input); the raw constructor is internal and trusts its arrays.  Its index arrays are not
+    changed in place (kernels read them unchecked): ``pos()`` / ``crd()`` / ``crow_indices()``...
+    give copies; arrays a tensor was built from without a copy (``from_levels``, a torch.sparse
+    tensor taken as is, ``with_values``) must not be resized or rewritten afterwards.
 
     ``values()`` is the stored values array, one entry per position of the
     innermost level: for BSR that includes the zeros inside stored blocks, for
@@ -106,12 +108,14 @@ class SparseTensor(torch.Tensor):
             contig = lambda t: None if t is None else _unwrapped(t).contiguous()  # noqa: E731  arrays unwrapped
             values = _unwrapped(values)                          # (the kernels need their storage)
         self._pos, self._crd = tuple(map(contig, pos)), tuple(map(contig, crd))
+        if values.is_neg() or values.is_conj():   # torch's lazy bits: the kernels read raw memory
+            values = values.resolve_conj().resolve_neg()
         self._values = values.contiguous()
         self._stored = self._count_nnz() if nnz is None else nnz
         n = math.prod(self._shape)
         self._density = self._stored / n if n else 0.0   # read on every dispatch decision
         # the part of a kernel call's cache key this tensor gives (compiler.driver._signature)
-        self._sig = (self._format._key, self._values.dtype, self._crd_dtype(), self._shape)
+        self._sig = (self._format._key, self._values.dtype, self._crd_dtype(), self._shape, self._values.device.type)
         box = getattr(self, "_pattern_box", None)
         if box is not None:   # the leaf's gradient hook reads the pattern from here
             box[0] = self._like(nnz=self._stored)
@@ -234,11 +238,13 @@ class SparseTensor(torch.Tensor):
             return self.requires_grad
 
     def values(self) -> torch.Tensor:
-        """The stored values (1-d, shares memory with the tensor; differentiable)."""
+        """The stored values (1-d, shares memory with the tensor: writes into it are the tensor's;
+        differentiable).  A view: ``resize_`` / ``set_`` / ``.data =`` on it leave the tensor's
+        own array as it is (kernels read that array by pointer, trusting its length and dtype)."""
         if self._needs_grad():
             from .ops.einsum import Values
             return Values.apply(self)
-        return self._values
+        return self._values.view(self._values.shape)
 
     def with_values(self, values: torch.Tensor) -> "SparseTensor":
         """This pattern holding ``values`` (same length as ``values()``); differentiable
@@ -252,12 +258,14 @@ class SparseTensor(torch.Tensor):
         return self._like(values=values, nnz=self._stored)
 
     def pos(self, level: int) -> torch.Tensor | None:
-        """``pos`` array of a compressed level (None for other kinds)."""
-        return self._pos[self._check_level(level)]
+        """``pos`` array of a compressed level (None for other kinds): a copy -- the pattern is
+        not changed in place (kernels read it unchecked); ``values()`` is the tensor's own."""
+        return _copy(self._pos[self._check_level(level)])
 
     def crd(self, level: int) -> torch.Tensor | None:
-        """Coordinates of a compressed, singleton or padded level (None for dense)."""
-        return self._crd[self._check_level(level)]
+        """Coordinates of a compressed, singleton or padded level (None for dense): a copy, as
+        :meth:`pos`."""
+        return _copy(self._crd[self._check_level(level)])
 
     def _check_level(self, level: int) -> int:
         n = len(self._format.levels)
@@ -458,7 +466,7 @@ class SparseTensor(torch.Tensor):
             raise ScorchTypeError(
                 f"{op}(): expects a 2-d SparseTensor in {' or '.join(names)} format, got "
                 f"{name or 'a user-defined format'} with {self.dim()} dims; convert with x.asformat({names[0]!r})")
-        return self._pos[1] if pos else self._crd[1]
+        return _copy(self._pos[1] if pos else self._crd[1])   # (a copy, as pos() / crd())
 
     # torch's conversions to a sparse layout: the matching preset, kept a SparseTensor
     def to_sparse(self, *args, layout=None, blocksize=None, dense_dim=None) -> "SparseTensor":
@@ -670,12 +678,17 @@ class SparseTensor(torch.Tensor):
         out = SparseTensor(self._format, self.shape, copy.deepcopy(self._pos, memo),
                            copy.deepcopy(self._crd, memo), copy.deepcopy(self._values, memo),
                            requires_grad=self.requires_grad, nnz=self._stored)
-        for name, value in vars(self).items():   # the parameter mark and a user's own attributes
-            if name == "_is_param" or not name.startswith("_"):
-                setattr(out, name, copy.deepcopy(value, memo))
         memo[id(self)] = out
-        if self.grad is not None:   # as torch's Tensor.__deepcopy__
+        if getattr(self, "_is_param", False):   # as nn.Parameter.__deepcopy__: the data, no grad or attributes
+            out._is_param = True
+            return out
+        with torch._C.DisableTorchFunctionSubclass():
+            leaf = self.grad_fn is None
+        if leaf and self.grad is not None:   # as torch's Tensor.__deepcopy__: its grad and a user's attributes
             out.grad = copy.deepcopy(self.grad, memo)
+        for name, value in copy.deepcopy({k: v for k, v in vars(self).items() if not k.startswith("_")},
+                                         memo).items():
+            setattr(out, name, value)
         return out
 
     # for torch.compile-style tracing: the inner tensors and a plain-data context
@@ -828,6 +841,10 @@ def _rebuild_sparse(version, spec, shape, pos, crd, values, requires_grad, param
     if param is True:
         out._is_param = True
     return out
+
+
+def _copy(t):
+    return None if t is None else t.clone()
 
 
 def _inside(fn, depth: int = 30) -> bool:

@@ -264,9 +264,8 @@ static inline __m512 scorch_gather16(const float *x, const int32_t *c) {
   const __m256i hi = _mm256_set_m128i(scorch_gather4(x, c + 12), scorch_gather4(x, c + 8));
   return _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
 }
-static inline __m512 scorch_seg_up(__m512 p, const int d) {  /* lane k <- lane k-d, zeros below */
-  return _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(p), _mm512_setzero_si512(), 16 - d));
-}
+/* lane k <- lane k-d, zeros below (a macro: the shift is an immediate at every -O level) */
+#define scorch_seg_up(p, d) _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(p), _mm512_setzero_si512(), 16 - (d)))
 static inline __m512 scorch_seg_scan(__m512 p, __mmask16 f) {  /* f: segment heads */
   p = _mm512_mask_add_ps(p, (__mmask16)~f, p, scorch_seg_up(p, 1)); f |= (__mmask16)(f << 1);
   p = _mm512_mask_add_ps(p, (__mmask16)~f, p, scorch_seg_up(p, 2)); f |= (__mmask16)(f << 2);
@@ -363,9 +362,7 @@ static inline __m512d scorch_gather8d(const double *x, const int32_t *c) {
   const __m256d hi = _mm256_set_m128d(scorch_gather2d(x, c + 6), scorch_gather2d(x, c + 4));
   return _mm512_insertf64x4(_mm512_castpd256_pd512(lo), hi, 1);
 }
-static inline __m512d scorch_seg_up_d(__m512d p, const int d) {  /* lane k <- lane k-d, zeros below */
-  return _mm512_castsi512_pd(_mm512_alignr_epi64(_mm512_castpd_si512(p), _mm512_setzero_si512(), 8 - d));
-}
+#define scorch_seg_up_d(p, d) _mm512_castsi512_pd(_mm512_alignr_epi64(_mm512_castpd_si512(p), _mm512_setzero_si512(), 8 - (d)))
 static inline __m512d scorch_seg_scan_d(__m512d p, __mmask8 f) {  /* f: segment heads */
   p = _mm512_mask_add_pd(p, (__mmask8)~f, p, scorch_seg_up_d(p, 1)); f |= (__mmask8)(f << 1);
   p = _mm512_mask_add_pd(p, (__mmask8)~f, p, scorch_seg_up_d(p, 2)); f |= (__mmask8)(f << 2);

@@ -80,8 +80,10 @@ def _operands(operands):
         operands = tuple(operands[0])
     out = []
     for k, x in enumerate(operands):
-        if isinstance(x, SparseTensor) or (isinstance(x, torch.Tensor) and not is_sparse(x)):
+        if isinstance(x, SparseTensor):
             out.append(x)
+        elif isinstance(x, torch.Tensor) and not is_sparse(x):
+            out.append(_plain(x))
         elif isinstance(x, torch.Tensor):
             out.append(from_torch(x))
         else:
@@ -90,6 +92,13 @@ def _operands(operands):
         if (x._values if type(x) is SparseTensor else x).device.type != "cpu":
             raise NotSupportedError(f"einsum: operand {k} is on {x.device}; scorch kernels run on the CPU")
     return out
+
+
+def _plain(x: torch.Tensor) -> torch.Tensor:
+    """A dense operand whose memory holds its values: torch's lazy negation and conjugation bits
+    (``x.conj().imag``, ``torch._neg_view``) applied (kernels read the raw memory; ``contiguous``
+    keeps the bits)."""
+    return x.resolve_conj().resolve_neg() if x.is_neg() or x.is_conj() else x
 
 
 def _compute_dtype(ops, ein=None):
@@ -328,6 +337,8 @@ def compiled(equation: str, operands: tuple, init: tuple = ()):
     is dense (:func:`run` hands those to torch): for callers that measured it to be faster
     here (:mod:`scorch.ops.dense`).  Dense result; cached like :func:`run`."""
     key = _signature(equation, None, operands, init)
+    if key is None:   # (operands the bound call does not read as they are: prepared first)
+        operands, init = tuple(_operands(operands)), tuple(_operands(init))
     bound = _DENSE_BOUND.get(key) if key is not None else None
     if bound is None:
         bound = _Bound.make(equation, _operands(operands), None, init)
@@ -391,8 +402,8 @@ def _signature(equation, format, operands, init=()):
     for x in (*operands, *init):
         if type(x) is SparseTensor:
             sig.append(x._sig)
-        elif type(x) in _DENSE_TYPES and x.layout == torch.strided and x.is_cpu:
-            sig.append((x.dtype, x.shape, x.stride()))
+        elif type(x) in _DENSE_TYPES and x.layout == torch.strided and x.is_cpu and not x.is_neg():
+            sig.append((x.dtype, x.shape, x.stride()))   # (a negation bit: no bound call reads it)
         else:
             return None
     return tuple(sig)
@@ -695,6 +706,7 @@ def evaluate(equation: str, ops, *, format=None, expr=None, init=(), compacted=F
     (dense, broadcastable to the result) is added to it, inside the kernel when it can.
     A hypersparse assembled result runs over the coordinates present (:mod:`compact`; once:
     ``compacted`` operands are not compacted again)."""
+    init = tuple(map(_plain, init))
     plan, ein, ops, out_dtype, cdtype = _plan(equation, list(ops), format, expr)
     if plan.schedule.output[0] == "assemble" and not (init or compacted) and build.have_compiler() \
             and (wide := compact.wide_indices(ein, ops, build.num_threads())):

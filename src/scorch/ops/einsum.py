@@ -179,7 +179,7 @@ def _cached(equation: str, operands: tuple):
     no bound call under this key)."""
     a, b = operands
     if type(a) is not SparseTensor or type(b) is not torch.Tensor or b.layout != torch.strided or not b.is_cpu \
-            or config.auto_sparsify:
+            or config.auto_sparsify or b.is_neg():
         return None
     grad = torch.is_grad_enabled()
     if grad and b.requires_grad:   # (first: a training step leaves at once)

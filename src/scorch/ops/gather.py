@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .._dispatch import accepts_out, check_dense_size, dense_fallback, implements
+from .._dispatch import accepts_out, broadcast_shapes, check_dense_size, dense_fallback, implements
 from ..errors import NotSupportedError, ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
 from .reduce import _entries
@@ -91,14 +91,17 @@ def take_along_dim(input, indices, dim=None):
 @implements(torch.masked_select, torch.Tensor.masked_select)
 @accepts_out
 def masked_select(input, mask):
-    """The elements where ``mask`` (broadcast to the input's shape) is True, row-major, 1-d."""
+    """The elements where ``mask`` is True, ``input`` and ``mask`` broadcast together, row-major, 1-d."""
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         raise ScorchTypeError(f"masked_select: mask must be a bool tensor, got "
                               f"{getattr(mask, 'dtype', type(mask).__name__)}")
     if not isinstance(input, SparseTensor):   # a dense input with a sparse mask: densely
         return _dense_call(torch.masked_select, input, mask)
-    if mask_points(mask, input.shape) is None:   # (a sparse mask of the input's shape stays sparse)
-        mask = _densified(mask, "masked_select: a sparse mask that broadcasts").expand(input.shape)
+    shape = broadcast_shapes(tuple(input.shape), tuple(mask.shape))
+    if tuple(input.shape) != shape:
+        input = input.expand(shape)
+    if mask_points(mask, shape) is None:   # (a sparse mask of the input's shape stays sparse)
+        mask = _densified(mask, "masked_select: a sparse mask that broadcasts").expand(shape)
     return _dense(getitem(input, mask))
 
 
@@ -130,6 +133,9 @@ def _index_add_into(self, dim, index, source, alpha, op: str):
         raise ScorchValueError(f"{op}: index needs one position per slice of source along dim {d} "
                                f"({source.shape[d]}), got {index.numel()}; source dims {source.dim()}, self dims "
                                f"{self.dim()}")
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= self.shape[d]):   # (torch's: no wrapping)
+        bad = int(index.min()) if int(index.min()) < 0 else int(index.max())
+        raise ScorchIndexError(f"{op}: index {bad} is out of bounds for dim {d} of size {self.shape[d]}")
     coords, vals = _entries(source)
     coords = coords.clone()
     coords[d] = index.to(torch.int64)[coords[d]]

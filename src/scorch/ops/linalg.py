@@ -174,8 +174,11 @@ def _scaled_sum(name, equation, input, a, b, beta, alpha):
     ``alpha == 0`` where torch's BLAS-backed forms ignore it (addmm, addmv, addbmm); integer
     operands take the scalars as integers (torch casts them: ``beta=0.5`` is 0); a dense ``input``
     with both factors 1 starts the kernel's accumulators."""
-    if name != "addr" and not torch.promote_types(torch.promote_types(a.dtype, b.dtype), input.dtype).is_floating_point:
-        alpha, beta = _as_integer(alpha), _as_integer(beta)   # (addr refuses float scalars, as torch's)
+    if not torch.promote_types(torch.promote_types(a.dtype, b.dtype), input.dtype).is_floating_point:
+        if name == "addr" and any(isinstance(s, float) for s in (alpha, beta)):
+            raise ScorchTypeError("addr: for integral input tensors, alpha and beta must not be floating point "
+                                  f"numbers (as torch's), got alpha={alpha!r}, beta={beta!r}")
+        alpha, beta = _as_integer(alpha), _as_integer(beta)
     if beta == 1 and alpha == 1 and isinstance(input, torch.Tensor) and not is_sparse(input) \
             and (is_sparse(a) or is_sparse(b)):
         return einsum_add(equation, (a, b), (input,))  # input starts the accumulators
@@ -183,8 +186,8 @@ def _scaled_sum(name, equation, input, a, b, beta, alpha):
     if broadcast_shapes(input.shape, prod.shape) != tuple(prod.shape):
         raise ScorchValueError(f"{name}: input of shape {tuple(input.shape)} does not broadcast to the product's "
                                f"shape {tuple(prod.shape)}")
-    if alpha == 0 and name in ("addmm", "addmv", "addbmm"):   # (an inf or NaN in a factor stays out)
-        prod = torch.zeros(prod.shape, dtype=prod.dtype)
+    if alpha == 0 and name in ("addmm", "addmv", "addbmm"):   # (an inf or NaN in a factor stays out;
+        prod = torch.nan_to_num(prod, nan=0.0, posinf=0.0, neginf=0.0) * 0   # zeros kept in the graph)
     elif alpha != 1:
         prod = prod * alpha
     if beta == 0:

@@ -30,7 +30,7 @@ from ..errors import InternalError, NotSupportedError, ScorchTypeError, ScorchVa
 from ..format import Format, dense
 from ..tensor import SparseTensor
 from ._pattern import project, same_pattern, stored
-from .shape import _densified, mask_points, ravel_coords, store_at
+from .shape import _densified, fill_scalar, mask_points, ravel_coords, store_at
 
 
 def _is_scalar(a) -> bool:
@@ -547,6 +547,7 @@ def _masked_fill_(self, mask, value):
     _check_bool_mask("masked_fill_", mask)
     if not isinstance(self, SparseTensor):
         return self.masked_fill_(_densified(mask, "masked_fill_: the sparse mask"), value)
+    value = fill_scalar(value, self.dtype)   # (an out-of-range value raises, as torch's)
     hits = _mask_hits(self, mask)
     if value != 0:
         at = mask_points(mask, self._shape)

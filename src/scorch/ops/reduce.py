@@ -430,12 +430,12 @@ def nonzero(input, *, as_tuple=False):
 
 
 @implements(torch.where)
-def where(condition, *args, **kwargs):
+def where(condition, input=None, other=None, *, out=None):
     """``torch.where(condition)`` is ``nonzero(condition, as_tuple=True)``, read off the stored
     entries; the select ``torch.where(condition, input, other)`` goes on as torch runs it."""
-    if not args and not kwargs:
+    if input is None and other is None and out is None:
         return nonzero(condition, as_tuple=True)
-    return as_torch_runs(torch.where, condition, *args, **kwargs)
+    return as_torch_runs(torch.where, condition, input, other, **({} if out is None else {"out": out}))
 
 
 # ------------------------------------------------------------------ var / std / diagonal / trace

@@ -655,7 +655,7 @@ def mask_points(mask, shape) -> torch.Tensor | None:
 def _set_points(x: SparseTensor, at: torch.Tensor, value) -> None:
     """``x`` takes the scalar ``value`` at the coordinates ``at``: the stored ones in place; a
     nonzero (or NaN) at ones ``x`` does not store joins the pattern (:func:`store_at`)."""
-    value = _fill_scalar(value, x.dtype)
+    value = fill_scalar(value, x.dtype)
     coords, where = stored(x)
     hit = torch.isin(ravel_coords(coords, x._shape, coords.shape[1]), ravel_coords(at, x._shape, at.shape[1]))
     if int(hit.sum()) < at.shape[1] and value != 0:   # (NaN too)
@@ -665,11 +665,12 @@ def _set_points(x: SparseTensor, at: torch.Tensor, value) -> None:
     torch.autograd.graph.increment_version(x)
 
 
-def _fill_scalar(value, dtype):
-    """A scalar written into values of ``dtype``: a 0-d tensor's item, cast as torch casts it."""
+def fill_scalar(value, dtype):
+    """A scalar written into values of ``dtype``: a 0-d tensor's item, cast as torch's writes cast it
+    (``fill_``'s checks: 300 into int8, 1e40 into float32 or 1+2j into a real type raise)."""
     if isinstance(value, torch.Tensor):
         value = value.item()
-    return torch.as_tensor(value, dtype=dtype).item()   # (no detour through the default dtype)
+    return torch.empty((), dtype=dtype).fill_(value).item()
 
 
 def _densified(t, what: str):
