@@ -1080,3 +1080,40 @@ def test_more_torch_conventions_of_todays_sweeps():
     assert torch.equal(row.masked_select(mask), row.to_dense().masked_select(mask))
     with pytest.raises(ValueError, match="at most 26 dims"):
         scorch.from_coo(torch.zeros(27, 1, dtype=torch.int64), torch.ones(1), (1,) * 27, format="coo")
+
+
+def test_dtype_sweep_cases():
+    """Narrow integer products wrapped as torch's on the first call too (a float cast saturated);
+    a Python float written where nothing was stored kept float64 precision (it went through
+    float32); complex prod kept its type; out= casts as torch's; complex errors say so."""
+    d = torch.zeros(2, 4, dtype=torch.int32)
+    d[0], d[1, 0] = 2 ** 30, 2 ** 30
+    X, C = torch.full((4, 1), 2, dtype=torch.int32), torch.ones(2, 1, dtype=torch.int32)
+    for _ in range(2):
+        assert torch.equal(torch.addmm(C, scorch.as_sparse(d, "csr"), X), torch.addmm(C, d, X))
+        assert torch.equal(torch.addmv(C[:, 0], scorch.as_sparse(d, "csr"), X[:, 0]), torch.addmv(C[:, 0], d, X[:, 0]))
+    for dtype, value in ((torch.float64, 0.1), (torch.complex128, 0.1 + 0.1j)):
+        x = torch.tensor([[0.0, 1.0], [1.0, 0.0]], dtype=dtype)
+        for write in (lambda t: t.__setitem__((0, 0), value), lambda t: t.__setitem__(0, value),
+                      lambda t: t.__setitem__(([0], [0]), value), lambda t: t.masked_fill_(torch.eye(2) > 0, value),
+                      lambda t: t.fill_diagonal_(value)):
+            A, D = scorch.as_sparse(x, "csr"), x.clone()
+            write(A), write(D)
+            assert torch.equal(A.to_dense(), D)
+    z = torch.tensor([[1 + 2j, 2.5], [3, 3 - 1j]], dtype=torch.complex64)
+    Z = scorch.as_sparse(z, "coo")
+    torch.testing.assert_close(Z.prod(), z.prod())
+    torch.testing.assert_close(Z.prod(1), z.prod(1))
+    with pytest.raises(ValueError, match="dtype should be complex"):
+        torch.linalg.vector_norm(Z, dtype=torch.float64)
+    with pytest.raises(NotImplementedError, match="complex values .* not supported .* imaginary"):
+        Z @ torch.ones(2, dtype=torch.complex64)
+    x = torch.tensor([[1.5, 0.0, 2.0], [0.0, 3.0, 0.0]])
+    A = scorch.as_sparse(x, "csr")
+    for op in (lambda t, out: torch.sum(t, 1, out=out), lambda t, out: torch.exp(t, out=out),
+               lambda t, out: torch.add(t, 1, out=out)):
+        got, want = torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.float64)
+        op(A, got), op(x, want)
+        assert got.dtype == torch.float64 and torch.equal(got, want)
+    with pytest.raises(ValueError, match="cannot be cast"):
+        torch.sum(A, 1, out=torch.empty(2, dtype=torch.int64))

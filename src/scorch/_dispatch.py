@@ -112,6 +112,22 @@ def accepts_out(fn):
     return run
 
 
+def _check_out_dtype(name: str, result, out) -> None:
+    """torch's rule for ``out=``: elementwise ops, sums and concatenations cast the result into
+    it where ``torch.can_cast`` allows (a float32 sum into a float64 tensor; not a float result
+    into an integer one); products, lookups and a few others want the result's own dtype."""
+    if result != out and (name in _OUT_OF_ITS_DTYPE or not torch.can_cast(result, out)):
+        raise ScorchValueError(f"{name}: out= has dtype {out}, the result has {result}"
+                               + ("" if name in _OUT_OF_ITS_DTYPE else ", which cannot be cast to it"))
+
+
+# torch's ops whose out= must have the result's dtype (the others cast into it)
+_OUT_OF_ITS_DTYPE = frozenset({
+    "mm", "matmul", "bmm", "mv", "addmm", "addmv", "baddbmm", "addbmm", "addr", "dot", "vdot", "inner", "tensordot",
+    "einsum", "take", "gather", "take_along_dim", "index_select", "masked_select", "where", "amax", "amin",
+    "norm", "vector_norm", "matrix_norm", "tril", "triu", "diag", "clamp", "clip"})
+
+
 def write_out(name: str, result, out, densify: bool = False):
     """``result`` written into ``out`` (see :func:`accepts_out`); returns ``out``.  With
     ``densify`` (an elementwise op), a sparse result goes into a dense ``out`` densified, and a
@@ -124,15 +140,13 @@ def write_out(name: str, result, out, densify: bool = False):
     if densify and isinstance(out, SparseTensor) and out._stored == math.prod(out._shape) \
             and tuple(result.shape) == out._shape and not (isinstance(result, SparseTensor) and _same_pattern(result, out)):
         # a SparseTensor storing every position takes any result of its shape, read at its positions
-        if result.dtype != out.dtype:
-            raise ScorchValueError(f"{name}: out= has dtype {out.dtype}, the result has {result.dtype}")
+        _check_out_dtype(name, result.dtype, out.dtype)
         from .ops._pattern import project
         out._values.copy_(project(result.to_dense() if isinstance(result, SparseTensor) else result, out))
         torch.autograd.graph.increment_version(out)
         return out
     if densify and isinstance(out, SparseTensor):
-        if result.dtype != out.dtype:
-            raise ScorchValueError(f"{name}: out= has dtype {out.dtype}, the result has {result.dtype}")
+        _check_out_dtype(name, result.dtype, out.dtype)
         if not (isinstance(result, SparseTensor) and _same_pattern(result, out)):
             if tuple(result.shape) != out._shape:
                 raise NotSupportedError(f"{name}: out= is a SparseTensor of shape {out._shape}, the result has shape "
@@ -151,8 +165,7 @@ def write_out(name: str, result, out, densify: bool = False):
     if type(out) is not torch.Tensor or out.layout != torch.strided:
         raise ScorchTypeError(f"{name}: out= must be a dense torch.Tensor, got {type(out).__name__} "
                               f"{getattr(out, 'layout', '')}")
-    if out.dtype != result.dtype:
-        raise ScorchValueError(f"{name}: out= has dtype {out.dtype}, the result has {result.dtype}")
+    _check_out_dtype(name, result.dtype, out.dtype)
     if out.shape != result.shape:
         if out.numel():
             warnings.warn(f"{name}: an out= tensor of shape {tuple(out.shape)} was resized to {tuple(result.shape)} "

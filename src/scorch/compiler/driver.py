@@ -119,6 +119,9 @@ def _compute_dtype(ops, ein=None):
         raise NotSupportedError(
             f"einsum: integer values ({dt}) whose sums of products could pass 2^53 (max |value| of each "
             f"operand, plus one, times the terms summed): not computed exactly here; convert to float64 (x.double())")
+    if dt.is_complex:
+        raise NotSupportedError(f"einsum: complex values ({dt}) are not supported by scorch's kernels; compute on "
+                                "the dense tensors (x.to_dense()) -- x.float() would drop the imaginary parts")
     raise NotSupportedError(f"einsum: values of dtype {dt} are not supported; use float32/float64 (x.float())")
 
 
@@ -604,14 +607,20 @@ def _finish(result, out_dtype, format):
     """A kernel's result in the einsum's dtype and the format asked for."""
     sparse = type(result) is SparseTensor  # its .dtype would take a __torch_function__ round trip (2.5 us)
     if (result._values.dtype if sparse else result.dtype) != out_dtype:
-        if out_dtype in _NARROW_INTS:  # exact int64 first, then wrap around as torch's arithmetic does
-            result = result.to(torch.int64)
-        result = result.to(out_dtype)
+        result = _cast(result, out_dtype)
     if format is None:
         return result
     if format == "dense":
         return result.to_dense() if isinstance(result, SparseTensor) else result
     return as_sparse(result, format)
+
+
+def _cast(result, dtype):
+    """A kernel's (float) result in ``dtype``; a narrow integer type through exact int64 first, then
+    wrapped around as torch's integer arithmetic wraps (a float cast saturates)."""
+    if dtype in _NARROW_INTS:
+        result = result.to(torch.int64)
+    return result.to(dtype)
 
 
 # How a call finds each argument read from its operands (``t``: the operand or init index, ``k``:
@@ -720,7 +729,7 @@ def evaluate(equation: str, ops, *, format=None, expr=None, init=(), compacted=F
         return _add_init(_torch_fallback(ein, ops, out_dtype, format, expr), init)
     result = _run(plan, ein, ops, cdtype, views or ())
     if init and not views:
-        result = _add_init(result.to(out_dtype), init)  # torch's type promotion with the init operands
+        result = _add_init(_cast(result, out_dtype), init)  # torch's type promotion with the init operands
         out_dtype = result.dtype
     return _finish(result, out_dtype, format)
 

@@ -554,7 +554,7 @@ def _masked_fill_(self, mask, value):
         if at is None:
             at = _densified(mask, "masked_fill_: a sparse mask that broadcasts").expand(self._shape).nonzero().t()
         if at.shape[1] != int(hits.sum()):
-            store_at(self, at, torch.as_tensor(value).expand(at.shape[1]), "masked_fill_")
+            store_at(self, at, torch.full((at.shape[1],), value, dtype=self.dtype), "masked_fill_")
             return self
     self._values.masked_fill_(hits, value)
     return self

@@ -274,6 +274,8 @@ def _norm(x: SparseTensor, ord, dim, keepdim: bool, dtype, dense_norm):
                                                                                              "norm"))):
         raise ScorchValueError("linalg.vector_norm cannot compute the inf norm on an empty tensor because the "
                                "operation does not have an identity")
+    if dtype is not None and x.dtype.is_complex and not dtype.is_complex:
+        raise ScorchValueError(f"vector_norm: dtype should be complex for complex inputs (as torch's), got {dtype}")
     values = x.values() if dtype is None else x.values().to(dtype)
     if dim is None:
         out = torch.linalg.vector_norm(values, ord) if values.numel() else values.new_zeros(())
@@ -606,7 +608,8 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
 def prod(input, dim=None, keepdim=False, *, dtype=None):
     """Product over ``dim`` (int or None): the stored values' product where a fibre is full, 0
     where it holds an implicit zero; bool / integer values multiply as int64, as torch's do."""
-    values_dtype = dtype if dtype is not None else input.dtype if input.dtype.is_floating_point else torch.int64
+    values_dtype = dtype if dtype is not None else input.dtype if input.dtype.is_floating_point \
+        or input.dtype.is_complex else torch.int64
     dims = _dims(dim, input.dim(), "prod")
     key, groups, fibre, vals = _fibres(input, dims)
     out = torch.ones(groups, dtype=values_dtype).scatter_reduce(0, key, vals.to(values_dtype), reduce="prod",

@@ -597,7 +597,7 @@ def setitem(x, key, value):
         at = torch.tensor([k % x._shape[d] for d, k in enumerate(point)], dtype=_I64)
         hit = (coords == at[:, None]).all(0)
         if not bool(hit.any()) and value != 0:
-            return store_at(x, at[:, None], torch.as_tensor(value).reshape(1), "setitem")
+            return store_at(x, at[:, None], _scalars(value, x.dtype, 1), "setitem")
         x._values[where[hit]] = value
     elif scalar and (items := _basic_items(key, x.dim())) is not None:
         # ints and slices (a row, a column, a block): the selection read off the coordinates
@@ -618,7 +618,7 @@ def setitem(x, key, value):
             axes = [torch.tensor([_int(v, "setitem", "index") % n]) if kind == "int"
                     else torch.arange(*v.indices(n)) for (kind, v), n in zip(items, x._shape)]
             at = torch.stack([a.reshape(-1) for a in torch.meshgrid(*axes, indexing="ij")])
-            return store_at(x, at, torch.as_tensor(value).expand(at.shape[1]), "setitem")
+            return store_at(x, at, _scalars(value, x.dtype, at.shape[1]), "setitem")
         x._values[where[hit]] = value
     else:
         check_dense_size("setitem marks the selected positions of the dense shape, and", [x])
@@ -634,7 +634,7 @@ def setitem(x, key, value):
         grows = marked & ~held
         if bool(grows.any()) and (value != 0 if scalar else bool((new[grows] != 0).any() | new[grows].isnan().any())):
             at = marked.nonzero().t()
-            return store_at(x, at, torch.as_tensor(value).expand(at.shape[1]) if scalar else new[tuple(at)],
+            return store_at(x, at, _scalars(value, x.dtype, at.shape[1]) if scalar else new[tuple(at)],
                             "setitem")
         hit = marked[tuple(coords)]
         x._values[where[hit]] = value if scalar else new[tuple(coords[:, hit])]   # (a format's last level
@@ -659,7 +659,7 @@ def _set_points(x: SparseTensor, at: torch.Tensor, value) -> None:
     coords, where = stored(x)
     hit = torch.isin(ravel_coords(coords, x._shape, coords.shape[1]), ravel_coords(at, x._shape, at.shape[1]))
     if int(hit.sum()) < at.shape[1] and value != 0:   # (NaN too)
-        store_at(x, at, torch.as_tensor(value, dtype=x.dtype).expand(at.shape[1]), "setitem")
+        store_at(x, at, _scalars(value, x.dtype, at.shape[1]), "setitem")
         return
     x._values[where[hit]] = value
     torch.autograd.graph.increment_version(x)
@@ -671,6 +671,12 @@ def fill_scalar(value, dtype):
     if isinstance(value, torch.Tensor):
         value = value.item()
     return torch.empty((), dtype=dtype).fill_(value).item()
+
+
+def _scalars(value, dtype, k: int) -> torch.Tensor:
+    """``k`` copies of the scalar ``value`` written into values of ``dtype`` (:func:`fill_scalar`; a
+    Python float never passes through the default dtype: 0.1 into float64 stays 0.1)."""
+    return torch.full((k,), fill_scalar(value, dtype), dtype=dtype)
 
 
 def _densified(t, what: str):
