@@ -1117,3 +1117,26 @@ def test_dtype_sweep_cases():
         assert got.dtype == torch.float64 and torch.equal(got, want)
     with pytest.raises(ValueError, match="cannot be cast"):
         torch.sum(A, 1, out=torch.empty(2, dtype=torch.int64))
+
+
+def test_what_torch_refuses_for_dtypes_is_refused():
+    b, i = torch.tensor([[True, False], [False, True]]), torch.tensor([[5, 0], [0, 7]])
+    B, I = scorch.as_sparse(b, "csr"), scorch.as_sparse(i, "csr")
+    for x, y in ((B, i), (b, I), (B, I), (I, B)):
+        with pytest.raises(ValueError, match="with a bool tensor is not supported"):
+            x - y
+        with pytest.raises(ValueError, match="with a bool tensor is not supported"):
+            torch.sub(x, y, alpha=2)
+    with pytest.raises(RuntimeError, match="bool tensor is not supported"):
+        b - i   # torch's own
+    assert torch.equal((B ^ B).to_dense(), b ^ b) and torch.equal((I - I).to_dense(), i - i)
+    F = scorch.as_sparse(i.float(), "coo")
+    with pytest.raises(TypeError, match="dtype= must be a floating point"):
+        F.mean(dtype=torch.int64)
+    for call in (lambda t: t.norm(dim=1), lambda t: torch.linalg.vector_norm(t, dtype=torch.float64),
+                 lambda t: torch.nn.functional.normalize(t, dim=1)):
+        with pytest.raises(RuntimeError):
+            call(i)
+        with pytest.raises(TypeError, match="expects a floating point or complex tensor"):
+            call(I)
+    torch.testing.assert_close(F.mean(1, dtype=torch.float64), i.float().mean(1, dtype=torch.float64))

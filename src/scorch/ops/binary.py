@@ -20,11 +20,12 @@ import torch
 from .._dispatch import as_torch_runs, broadcast_shapes, check_dense_size, densified, implements, write_out
 from ..compiler import driver
 from ..compiler.notation import Access, Op
-from ..errors import NotSupportedError, ScorchTypeError
+from ..errors import ScorchTypeError
 from ..interop import from_torch, is_torch_sparse
 from ..tensor import SparseTensor
 from ._pattern import _lookup, in_pattern, project, same_pattern
 from .einsum import _any_requires_grad, einsum
+from .pointwise import refuse_bool_subtraction
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -54,10 +55,7 @@ def binary(op: str, a, b, func, args, kwargs):
             return densified(func, args, kwargs)  # x/0 at absent entries: the result is dense
         return binary("*", a, b.reciprocal(), torch.mul, (a, b.reciprocal()), {})
     both_bool = _dtype(a) == torch.bool and _dtype(b) == torch.bool
-    if op == "-" and both_bool:
-        raise NotSupportedError("sub: subtracting two bool tensors is not supported (as in torch); to invert a "
-                                "mask use ~ or logical_not()")
-    if op in "+*" and both_bool:   # torch's bool + / *: or / and,
+    if op in "+*" and both_bool:   # torch's bool + / *: or / and (- with a bool operand: refused by _op),
         u8 = (a.to(torch.uint8), b.to(torch.uint8))                        # as 0 / 1 integers (no overflow)
         return binary(op, *u8, func, u8, {}).bool()
     idx = _LETTERS[:len(shape)]
@@ -127,6 +125,8 @@ def _op(op: str, func):
     """The implementation of ``func(a, b, ...)`` (``alpha=`` scales b; ``rounding_mode=`` is dense
     by nature; ``out=`` gets the result as torch writes one, :func:`scorch._dispatch.write_out`)."""
     def impl(a, b, *, alpha=1, out=None, **kw):
+        if op == "-":
+            refuse_bool_subtraction((a, b))
         if out is not None:
             return write_out(func.__name__, impl(a, b, alpha=alpha, **kw), out, densify=True)
         if kw.get("rounding_mode") is not None:

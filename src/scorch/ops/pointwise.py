@@ -94,10 +94,23 @@ def _values_of(a: SparseTensor) -> torch.Tensor:
     return a._values
 
 
+_SUBTRACTIONS = (torch.ops.aten.sub, torch.ops.aten.sub_, torch.ops.aten.rsub)
+
+
+def refuse_bool_subtraction(operands) -> None:
+    """torch refuses ``-`` with a bool tensor (a ValueError here: a TypeError raised inside ``__sub__``
+    becomes Python's "unsupported operand" message)."""
+    if any(isinstance(a, torch.Tensor) and a.dtype == torch.bool for a in operands):
+        raise ScorchValueError("sub: subtraction, the `-` operator, with a bool tensor is not supported (as torch's); "
+                               "to invert a mask use `~` or logical_not()")
+
+
 @register_pointwise
 def pointwise(func, args, kwargs):
     mutable = func._schema.is_mutable
     flat = leaves(args, kwargs)
+    if func.overloadpacket in _SUBTRACTIONS:
+        refuse_bool_subtraction(flat)
     if any(is_torch_sparse(a) for a in flat):   # beside a SparseTensor, a torch.sparse tensor counts as one
         args, kwargs = torch_sparse_as_ours(args, kwargs)
         flat = leaves(args, kwargs)

@@ -117,6 +117,8 @@ def sparse_sum(x, dim=None, dtype=None):
 def mean(x, dim=None, keepdim=False, *, dtype=None):
     if not (x.dtype.is_floating_point or dtype is not None):
         raise ScorchTypeError(f"mean: needs a floating dtype, got {x.dtype} (pass dtype=)")
+    if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
+        raise ScorchTypeError(f"mean: dtype= must be a floating point or complex dtype (as torch's), got {dtype}")
     dims = _dims(dim, x.dim(), "mean")
     count = 1
     for d in dims:
@@ -276,6 +278,8 @@ def _norm(x: SparseTensor, ord, dim, keepdim: bool, dtype, dense_norm):
                                "operation does not have an identity")
     if dtype is not None and x.dtype.is_complex and not dtype.is_complex:
         raise ScorchValueError(f"vector_norm: dtype should be complex for complex inputs (as torch's), got {dtype}")
+    if not (x.dtype.is_floating_point or x.dtype.is_complex):
+        raise ScorchTypeError(f"norm: expects a floating point or complex tensor (as torch's), got {x.dtype}")
     values = x.values() if dtype is None else x.values().to(dtype)
     if dim is None:
         out = torch.linalg.vector_norm(values, ord) if values.numel() else values.new_zeros(())
