@@ -2,6 +2,8 @@
 forward values, gradcheck, the three adjacency inputs, errors, caching, training on Cora,
 and PyG's layers when torch_geometric is importable."""
 
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -360,6 +362,12 @@ def test_cache_per_input_object(make):
     oracle = {GCNConv: gcn_oracle, SAGEConv: sage_oracle, GATConv: gat_oracle}[type(layer)]
     torch.testing.assert_close(layer(x, other), oracle(layer, x, A_other))
     assert len(layer._cache._store) == 2
+    buf = io.BytesIO()   # a cached layer pickles (the cache, holding weak references, is left out)
+    torch.save(layer, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert not loaded._cache._store
+    torch.testing.assert_close(loaded(x, other), oracle(layer, x, A_other))
     layer.reset_parameters()
     assert not layer._cache._store
 

@@ -182,6 +182,9 @@ class _AdjCache:
     def clear(self):
         self._store = {}
 
+    def __getstate__(self):   # a cache: not pickled (its weak references cannot be), rebuilt on use
+        return {"_store": {}}
+
 
 def _features(x, in_channels: int, layer: str):
     """``x`` checked: dense, or sparse (a SparseTensor, or a torch.sparse tensor taken as one,
