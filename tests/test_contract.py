@@ -1115,8 +1115,10 @@ def test_dtype_sweep_cases():
         got, want = torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.float64)
         op(A, got), op(x, want)
         assert got.dtype == torch.float64 and torch.equal(got, want)
+    got = torch.sum(A, 1, out=torch.empty(2, dtype=torch.int64))   # torch sums in the out's dtype
+    assert torch.equal(got, torch.sum(x, 1, out=torch.empty(2, dtype=torch.int64)))
     with pytest.raises(ValueError, match="cannot be cast"):
-        torch.sum(A, 1, out=torch.empty(2, dtype=torch.int64))
+        torch.exp(A, out=torch.empty(2, 3, dtype=torch.int64))
 
 
 def test_what_torch_refuses_for_dtypes_is_refused():
@@ -1140,3 +1142,39 @@ def test_what_torch_refuses_for_dtypes_is_refused():
         with pytest.raises(TypeError, match="expects a floating point or complex tensor"):
             call(I)
     torch.testing.assert_close(F.mean(1, dtype=torch.float64), i.float().mean(1, dtype=torch.float64))
+
+
+def test_out_dtype_rules_follow_torch_per_op():
+    x = torch.tensor([[1.5, 0.0, -2.0], [0.0, 3.25, 0.0]])
+    A = scorch.as_sparse(x, "csr")
+    for name, op in (("sum", lambda t, o: torch.sum(t, 1, out=o)), ("exp", lambda t, o: torch.exp(t, out=o)),
+                     ("add", lambda t, o: torch.add(t, 1, out=o)), ("gt", lambda t, o: torch.gt(t, 0, out=o)),
+                     ("cat", lambda t, o: torch.cat([t, t], out=o)), ("abs", lambda t, o: torch.abs(t, out=o)),
+                     ("clamp", lambda t, o: torch.clamp(t, 0, 1, out=o)), ("mm", lambda t, o: torch.mm(t, x.t(), out=o)),
+                     ("amax", lambda t, o: torch.amax(t, 1, out=o)), ("mean", lambda t, o: torch.mean(t, 1, out=o))):
+        for dtype in (torch.float64, torch.int64, torch.float16):
+            try:
+                want = op(x, torch.empty(0, dtype=dtype))
+            except (RuntimeError, TypeError):
+                with pytest.raises(ValueError, match="out= has dtype"):
+                    op(A, torch.empty(0, dtype=dtype))
+                continue
+            got = op(A, torch.empty(0, dtype=dtype))
+            assert got.dtype == want.dtype and torch.equal(got, want), (name, dtype)
+    v = torch.full((100000,), 0.1)
+    got = torch.sum(scorch.as_sparse(v, "coo"), 0, out=torch.empty((), dtype=torch.float64))
+    assert got.item() == torch.sum(v, 0, out=torch.empty((), dtype=torch.float64)).item()   # summed in float64
+
+
+def test_negated_inputs_of_linear_and_vmap_over_values():
+    W = scorch.as_sparse(torch.tensor([[1.0, 0.0, 2.0], [0.0, -1.0, 0.0]]), "csr")
+    base = torch.randn(4, 3)
+    xn = torch._neg_view(base)
+    torch.testing.assert_close(torch.nn.functional.linear(xn, W), torch.nn.functional.linear(-base, W.to_dense()))
+    d = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]])
+    A, x = scorch.as_sparse(d, "csr"), torch.arange(3.0)
+    V = torch.stack([A.values(), 2 * A.values()])
+    with pytest.raises(NotImplementedError, match="vmap over a SparseTensor's values"):
+        torch.func.vmap(lambda v: A.with_values(v) @ x)(V)   # (it used the first values for every batch)
+    got = torch.func.vmap(lambda xb: A @ xb)(torch.stack([x, 2 * x]))   # batching the dense operand is fine
+    torch.testing.assert_close(got, torch.stack([d @ x, d @ (2 * x)]))

@@ -108,24 +108,36 @@ def accepts_out(fn):
                                            for a in leaves(args, kwargs)):
             raise ScorchValueError(f"{name}(): out= does not support automatic differentiation (as in torch), "
                                    "but an argument requires grad; call it without out= or under torch.no_grad()")
+        if name in _REDUCED_IN_OUT_DTYPE and isinstance(out, torch.Tensor) and kwargs.get("dtype") is None \
+                and not (name == "mean" and not (out.dtype.is_floating_point or out.dtype.is_complex)):
+            kwargs = dict(kwargs, dtype=out.dtype)   # (torch sums in out='s dtype)
         return write_out(name, fn(*args, **kwargs), out)
     return run
 
 
 def _check_out_dtype(name: str, result, out) -> None:
-    """torch's rule for ``out=``: elementwise ops, sums and concatenations cast the result into
-    it where ``torch.can_cast`` allows (a float32 sum into a float64 tensor; not a float result
-    into an integer one); products, lookups and a few others want the result's own dtype."""
-    if result != out and (name in _OUT_OF_ITS_DTYPE or not torch.can_cast(result, out)):
+    """torch's rule for ``out=``: the ops that cast their result into ``out`` (arithmetic,
+    comparisons, float functions, sums, concatenations: :data:`_OUT_CASTS`) take one of a dtype
+    ``torch.can_cast`` allows; the others want the result's own dtype (``abs``, ``clamp``,
+    products, lookups, order statistics)."""
+    if result != out and not (name in _OUT_CASTS and torch.can_cast(result, out)):
         raise ScorchValueError(f"{name}: out= has dtype {out}, the result has {result}"
-                               + ("" if name in _OUT_OF_ITS_DTYPE else ", which cannot be cast to it"))
+                               + (", which cannot be cast to it" if name in _OUT_CASTS else
+                                  f" ({name} does not cast into out=, as torch's)"))
 
 
-# torch's ops whose out= must have the result's dtype (the others cast into it)
-_OUT_OF_ITS_DTYPE = frozenset({
-    "mm", "matmul", "bmm", "mv", "addmm", "addmv", "baddbmm", "addbmm", "addr", "dot", "vdot", "inner", "tensordot",
-    "einsum", "take", "gather", "take_along_dim", "index_select", "masked_select", "where", "amax", "amin",
-    "norm", "vector_norm", "matrix_norm", "tril", "triu", "diag", "clamp", "clip"})
+# torch's ops that cast their result into an out= of another dtype (checked against torch 2.13)
+_OUT_CASTS = frozenset({
+    "add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide", "pow", "float_power", "atan2",
+    "hypot", "fmod", "remainder", "maximum", "minimum", "lerp", "addcmul", "addcdiv", "xlogy",
+    "gt", "lt", "ge", "le", "eq", "ne", "greater", "less", "greater_equal", "less_equal", "not_equal",
+    "logical_and", "logical_or", "logical_xor", "logical_not",
+    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "square", "reciprocal", "sin", "cos",
+    "tan", "sinh", "cosh", "tanh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "sigmoid", "erf", "erfc",
+    "sum", "mean", "prod", "nansum", "var", "std", "logsumexp", "cumsum", "cumprod",
+    "cat", "concat", "concatenate", "stack", "kron", "outer"})
+# reductions torch computes in out='s dtype (a float32 sum into a float64 out sums in float64)
+_REDUCED_IN_OUT_DTYPE = frozenset({"sum", "prod", "nansum", "cumsum", "cumprod", "mean"})
 
 
 def write_out(name: str, result, out, densify: bool = False):

@@ -106,7 +106,11 @@ class SparseTensor(torch.Tensor):
         contig = lambda t: None if t is None else t.contiguous()  # noqa: E731
         if torch._C._functorch.maybe_current_level() is not None:   # made inside a torch.func transform: its
             contig = lambda t: None if t is None else _unwrapped(t).contiguous()  # noqa: E731  arrays unwrapped
-            values = _unwrapped(values)                          # (the kernels need their storage)
+            if _batched(values):                                 # (the kernels need their storage)
+                raise NotSupportedError("torch.func.vmap over a SparseTensor's values (with_values / from_coo of "
+                                        "batched values) is not supported: batch the dense operands of its "
+                                        "products, or loop over the batch")
+            values = _unwrapped(values)
         self._pos, self._crd = tuple(map(contig, pos)), tuple(map(contig, crd))
         if values.is_neg() or values.is_conj():   # torch's lazy bits: the kernels read raw memory
             values = values.resolve_conj().resolve_neg()
@@ -758,6 +762,16 @@ def _unwrapped(t: torch.Tensor) -> torch.Tensor:
     while f.is_gradtrackingtensor(t) or f.is_batchedtensor(t) or f.is_functionaltensor(t):
         t = f.get_unwrapped(t)
     return t
+
+
+def _batched(t: torch.Tensor) -> bool:
+    """Whether ``t`` carries a torch.func.vmap batch dim at some wrapper level."""
+    f = torch._C._functorch
+    while f.is_gradtrackingtensor(t) or f.is_batchedtensor(t) or f.is_functionaltensor(t):
+        if f.is_batchedtensor(t):
+            return True
+        t = f.get_unwrapped(t)
+    return False
 
 
 _mode_stack = torch._C._len_torch_function_stack   # 0 unless a torch-function mode is on (~30 ns)

@@ -68,10 +68,11 @@ def transposed(x: torch.Tensor) -> torch.Tensor:
     """``x.t().contiguous()`` for a 2-d tensor: the tiled kernel for a contiguous float32 /
     float64 CPU tensor (no grad), else torch's copy."""
     vtype = _VTYPES.get(x.dtype)
-    if (vtype is None or x.dim() != 2 or not x.is_contiguous() or x.device.type != "cpu"
+    if (vtype is None or x.dim() != 2 or not x.is_contiguous() or x.device.type != "cpu" or x.is_neg()
             or (x.requires_grad and torch.is_grad_enabled()) or not build.have_compiler()
             or _fwAD._current_level >= 0 or torch._C._functorch.maybe_current_level() is not None):
-        # (forward-mode AD or a torch.func transform: torch's copy keeps the tangent / the wrapping)
+        # (forward-mode AD or a torch.func transform: torch's copy keeps the tangent / the wrapping;
+        # a lazily negated tensor: torch's copy applies the negation the raw memory lacks)
         return x.t().contiguous()
     rows, cols = x.shape
     out = torch.empty((cols, rows), dtype=x.dtype)

@@ -174,7 +174,8 @@ def _scaled_sum(name, equation, input, a, b, beta, alpha):
     ``alpha == 0`` where torch's BLAS-backed forms ignore it (addmm, addmv, addbmm); integer
     operands take the scalars as integers (torch casts them: ``beta=0.5`` is 0); a dense ``input``
     with both factors 1 starts the kernel's accumulators."""
-    if not torch.promote_types(torch.promote_types(a.dtype, b.dtype), input.dtype).is_floating_point:
+    common = torch.promote_types(torch.promote_types(a.dtype, b.dtype), input.dtype)
+    if not (common.is_floating_point or common.is_complex):
         if name == "addr" and any(isinstance(s, float) for s in (alpha, beta)):
             raise ScorchTypeError("addr: for integral input tensors, alpha and beta must not be floating point "
                                   f"numbers (as torch's), got alpha={alpha!r}, beta={beta!r}")
