@@ -304,9 +304,19 @@ def test_argument_checks_found_by_the_last_sweep():
     assert scorch.rearrange(torch.ones(2, 3), "bd -> bnd", n=4).shape == (2, 4, 3)   # else letters, as before
     saved, scorch.config.dispatch = scorch.config.dispatch, "dense"
     try:
-        Q = torch.randn(4, 3)
-        assert scorch.explain("ij,ik,jk->ij", A, Q, Q).output_format.startswith("dense")
-        assert type(scorch.einsum("ij,ik,jk->ij", A, Q, Q)) is torch.Tensor
+        Q = torch.randn(4, 3)   # dispatch "dense" runs dense results on torch; a sparse result stays sparse
+        plan = scorch.explain("ij,jk->ik", A, Q)
+        assert plan.output_format.startswith("dense") and plan.backend.startswith("torch.einsum")
+        assert type(scorch.einsum("ij,jk->ik", A, Q)) is torch.Tensor
+        plan = scorch.explain("ij,ik,jk->ij", A, Q, Q)
+        assert plan.output_format.startswith("sparse") and "applies to dense results" in plan.dispatch
+        assert type(scorch.einsum("ij,ik,jk->ij", A, Q, Q)) is scorch.SparseTensor
+        got = scorch.einsum("ij,jk->ik", A, A, format="coo")   # format= is kept (it was dropped)
+        assert got.format == scorch.formats.coo and torch.allclose(got.to_dense(), A.to_dense() @ A.to_dense())
+        with pytest.raises(TypeError, match="format must be a format name"):
+            scorch.einsum("ij,jk->ik", A, A, format=["csr"])
+        with pytest.raises(ValueError, match="the result is a scalar"):
+            scorch.einsum("ij,ij->", A, A, format="csr")
     finally:
         scorch.config.dispatch = saved
     for run, argv in [(demo.main, ["--features", "-3"]), (demo.main, ["--graph", "nope"]),

@@ -15,7 +15,8 @@ dispatch
     ``"auto"`` (default): an einsum / matmul whose result is dense runs on dense
     torch kernels when a sparse operand is denser than the crossover measured on
     this machine (:mod:`scorch.runtime`), else on scorch's sparse kernels;
-    ``"sparse"`` / ``"dense"`` force one path.
+    ``"sparse"`` / ``"dense"`` force one path (a result that is sparse -- SDDMM's, SpGEMM's,
+    one ``format=`` asks for -- is always computed sparse).
 
 dense_threshold
     None (default: calibrate once per machine, cached) or a density in [0, 1].

@@ -139,6 +139,9 @@ def decide(ops, dense_result) -> Decision:
     density = densest(ops)
     if density < 0:
         return Decision("dense", ("no sparse operand",))
+    if mode == "dense" and not (dense_result() if callable(dense_result) else dense_result):
+        return Decision("sparse", ("the result is sparse (it keeps or builds a pattern, or format= asks for one): "
+                                   "scorch.config.dispatch = 'dense' applies to dense results",))
     if mode != "auto":
         return Decision(mode, ("scorch.config.dispatch = {!r}", mode))
     if density < SURELY_SPARSE:

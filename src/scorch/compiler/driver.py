@@ -612,6 +612,9 @@ def _finish(result, out_dtype, format):
         return result
     if format == "dense":
         return result.to_dense() if isinstance(result, SparseTensor) else result
+    if result.dim() == 0:
+        raise ScorchValueError(f"einsum: format={format!r} asks for a sparse result, but the result is a scalar "
+                               "(0-d); leave format= out or pass format='dense'")
     return as_sparse(result, format)
 
 

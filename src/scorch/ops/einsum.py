@@ -20,7 +20,8 @@ from .. import config, runtime
 from .._dispatch import implements, with_autocast
 from ..compiler import driver
 from ..compiler.notation import parse, permutation
-from ..errors import NotSupportedError, ScorchValueError
+from ..errors import NotSupportedError, ScorchTypeError, ScorchValueError
+from ..format import Format
 from ..interop import is_torch_sparse
 from ..tensor import SparseTensor, _mode_stack, on_cpu
 from ..tensor import _unwrapped as _without_wrappers
@@ -89,6 +90,9 @@ def _einsum(equation: str, operands, format, init):
     """The dispatch shared by ``einsum`` and ``einsum_add``: dense torch, the autograd
     function, or the compiled kernel directly."""
     operands, init = tuple(runtime.maybe_sparsify(operands)), tuple(init)
+    if format is not None and not isinstance(format, (str, Format)):   # (before it keys a cache: unhashable)
+        raise ScorchTypeError(f"einsum: format must be a format name (str) or a scorch.Format, got "
+                              f"{type(format).__name__}")
     equation, operands = _diagonals(equation, operands)
     if len(operands) == 1 and not init and type(operands[0]) is SparseTensor \
             and (perm := permutation(equation, operands[0].dim())) is not None:
@@ -347,8 +351,9 @@ def explain(equation: str, *operands, format=None):
     plan = driver.explain(equation, *operands, format=format)
     d = decision(equation, operands, format)
     plan = dataclasses.replace(plan, dispatch=f"{d.path} ({d.reason})")
-    if d.path == "dense" and format is None:   # torch.einsum on the densified operands runs instead
-        plan = dataclasses.replace(plan, output_format="dense (torch.einsum on dense copies of the operands)")
+    if d.path == "dense":   # torch.einsum on the densified operands runs instead
+        plan = dataclasses.replace(plan, backend="torch.einsum (dense copies of the operands)",
+                                   output_format="dense (torch.einsum on dense copies of the operands)")
     return plan
 
 
