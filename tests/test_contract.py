@@ -924,6 +924,9 @@ def test_frexp_gives_both_parts_in_the_pattern(fmt):
     assert type(got) is type(want)
     assert torch.equal(got.mantissa.to_dense(), want.mantissa) and torch.equal(got.exponent.to_dense(), want.exponent)
     assert got.exponent.dtype == torch.int32 and torch.equal(S.frexp()[1].to_dense(), want[1])
+    m, e = torch.empty(0), torch.empty(0, dtype=torch.int32)
+    out = torch.frexp(S, out=(m, e))   # (its out= overload names mantissa= / exponent=, not out=)
+    assert out[0] is m and out[1] is e and torch.equal(m, want.mantissa) and torch.equal(e, want.exponent)
 
 
 def test_scaled_products_follow_torch_for_alpha_zero_and_integer_scalars():
@@ -970,6 +973,18 @@ def test_deepcopy_keeps_a_users_attributes():
     B = __import__("copy").deepcopy(A)
     assert B.tag == {"layer": 1} and B.tag is not A.tag and torch.equal(B.to_dense(), torch.eye(3))
     assert B.me is B
+    import pickle
+    C = scorch.as_sparse(torch.eye(3), "csr")
+    C.tag = {"layer": 1}
+    P = torch.nn.Parameter(scorch.as_sparse(torch.eye(2), "coo"))
+    P.note = "w"
+    for got in (pickle.loads(pickle.dumps(C)), pickle.loads(pickle.dumps(P))):   # pickling keeps them too
+        assert getattr(got, "tag", None) == {"layer": 1} or getattr(got, "note", None) == "w"
+    buf = __import__("io").BytesIO()
+    torch.save({"C": C, "P": P}, buf)
+    buf.seek(0)
+    back = torch.load(buf, weights_only=True)   # plain-data attributes load under weights_only
+    assert back["C"].tag == {"layer": 1} and back["P"].note == "w" and isinstance(back["P"], torch.nn.Parameter)
 
 
 @pytest.mark.parametrize("op", ["argmax", "argmin", "trace", "topk", "kthvalue", "median", "nanmedian"])

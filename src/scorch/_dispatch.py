@@ -147,7 +147,7 @@ def write_out(name: str, result, out, densify: bool = False):
     if isinstance(result, tuple):
         if not isinstance(out, (tuple, list)) or len(out) != len(result):
             raise ScorchTypeError(f"{name}: out= must be a tuple of {len(result)} tensors, got {type(out).__name__}")
-        written = tuple(write_out(name, r, o) for r, o in zip(result, out))
+        written = tuple(write_out(name, r, o, densify) for r, o in zip(result, out))
         return written if type(result) is tuple else type(result)(written)
     if densify and isinstance(out, SparseTensor) and out._stored == math.prod(out._shape) \
             and tuple(result.shape) == out._shape and not (isinstance(result, SparseTensor) and _same_pattern(result, out)):

@@ -672,8 +672,10 @@ class SparseTensor(torch.Tensor):
             raise NotSupportedError("torch.save(..., _use_new_zipfile_serialization=False): a SparseTensor cannot be "
                                     "saved in torch's legacy format (its arrays are read back only after it is "
                                     "rebuilt, too late to check them); use the default format")
-        return (_rebuild_sparse, (_VERSION, self._format.to_spec(), tuple(self.shape), self._pos, self._crd,
-                                  self._values, self.requires_grad, bool(getattr(self, "_is_param", False))))
+        args = (_VERSION, self._format.to_spec(), tuple(self.shape), self._pos, self._crd, self._values,
+                self.requires_grad, bool(getattr(self, "_is_param", False)))
+        attrs = {k: v for k, v in vars(self).items() if not k.startswith("_")}   # a user's own, as torch keeps
+        return (_rebuild_sparse, args + (attrs,) if attrs else args)
 
     def __deepcopy__(self, memo):
         if id(self) in memo:
@@ -842,7 +844,7 @@ def _grad_in_pattern(box, grad):
     return x._like(values=project(grad, x).to(x._values.dtype), nnz=x._stored)
 
 
-def _rebuild_sparse(version, spec, shape, pos, crd, values, requires_grad, param=False):
+def _rebuild_sparse(version, spec, shape, pos, crd, values, requires_grad, param=False, attrs=None):
     if version != _VERSION:
         raise ScorchValueError(f"cannot load a SparseTensor saved in format version {version}")
     if _inside(torch.serialization._legacy_load):   # (only written by hand: scorch refuses to save one so)
@@ -854,6 +856,9 @@ def _rebuild_sparse(version, spec, shape, pos, crd, values, requires_grad, param
     out = SparseTensor(fmt, shape, pos, crd, values, requires_grad=requires_grad)
     if param is True:
         out._is_param = True
+    for name, value in (attrs or {}).items():
+        if isinstance(name, str) and not name.startswith("_"):
+            setattr(out, name, value)
     return out
 
 

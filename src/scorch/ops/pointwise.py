@@ -114,10 +114,12 @@ def pointwise(func, args, kwargs):
     if any(is_torch_sparse(a) for a in flat):   # beside a SparseTensor, a torch.sparse tensor counts as one
         args, kwargs = torch_sparse_as_ours(args, kwargs)
         flat = leaves(args, kwargs)
-    if mutable and "out" in kwargs:   # an out= overload: the op, then its result written into out
-        kw = dict(kwargs)
-        out = kw.pop("out")
-        return write_out(func.overloadpacket.__name__, func.overloadpacket(*args, **kw), out, densify=True)
+    outs = [a.name for a in func._schema.arguments if a.is_out] if mutable else ()
+    if outs and all(n in kwargs for n in outs):   # an out= overload (frexp's: mantissa=, exponent=): the op,
+        kw = dict(kwargs)                          # then its result written into the outs
+        out = tuple(kw.pop(n) for n in outs)
+        return write_out(func.overloadpacket.__name__, func.overloadpacket(*args, **kw),
+                         out[0] if len(out) == 1 else out, densify=True)
     if mutable and not isinstance(args[0], SparseTensor):
         return _into_dense(func, args, kwargs)
     sparse = [a for a in flat if isinstance(a, SparseTensor)]
