@@ -856,8 +856,8 @@ def _rebuild_sparse(version, spec, shape, pos, crd, values, requires_grad, param
     out = SparseTensor(fmt, shape, pos, crd, values, requires_grad=requires_grad)
     if param is True:
         out._is_param = True
-    for name, value in (attrs or {}).items():
-        if isinstance(name, str) and not name.startswith("_"):
+    for name, value in (attrs or {}).items():   # a user's own attributes (none that shadow the class's)
+        if isinstance(name, str) and not name.startswith("_") and not hasattr(SparseTensor, name):
             setattr(out, name, value)
     return out
 
