@@ -1052,10 +1052,18 @@ def test_the_arrays_a_tensor_hands_out_cannot_change_its_storage():
 def test_values_on_another_device_never_reach_a_bound_kernel():
     D = torch.tensor([[0.0, 2.0], [3.0, 0.0]])
     A, x = scorch.as_sparse(D, "csr"), torch.ones(2)
-    B = A.with_values(torch.ones(A.nnz, device="meta"))
     A @ x   # binds the CPU kernel for the CPU signature
+    meta = torch.ones(A.nnz, device="meta")
+    B = scorch.SparseTensor(A._format, A._shape, A._pos, A._crd, meta)   # (the raw constructor trusts its arrays)
     with pytest.raises(scorch.NotSupportedError, match="on meta"):
         B @ x
+    for make in (lambda: A.with_values(meta), lambda: scorch.from_coo([[0], [1]], torch.ones(1, device="meta"), (2, 2)),
+                 lambda: scorch.SparseTensor.from_levels("csr", (2, 2), A._pos, A._crd, meta)):
+        with pytest.raises(scorch.NotSupportedError, match="values are on meta"):   # (from_coo stored zeros)
+            make()
+    for bad in (torch.int16, torch.float32, "int32"):   # (an int16 index width reached the kernels: segfault)
+        with pytest.raises(TypeError, match="index_dtype must be"):
+            A.asformat("coo", index_dtype=bad)
 
 
 def test_more_torch_conventions_of_todays_sweeps():

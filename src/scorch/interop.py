@@ -47,6 +47,14 @@ def _check_index_dtype(index_dtype):
         raise ScorchTypeError(f"index_dtype must be torch.int32, torch.int64 or None, got {index_dtype!r}")
 
 
+def check_cpu_values(values, arg: str) -> None:
+    """Values a SparseTensor is built from live on the CPU (a meta tensor's were read as zeros; the
+    kernels read the array by pointer)."""
+    if isinstance(values, torch.Tensor) and values.device.type != "cpu":
+        raise NotSupportedError(f"{arg}: values are on {values.device}; SparseTensors live on the CPU "
+                                "(scorch's kernels run there)")
+
+
 @cpu_entry
 def as_sparse(x, format="csr", *, index_dtype=None) -> SparseTensor:
     """``x`` as a SparseTensor in ``format``.
@@ -138,6 +146,9 @@ def from_coo(indices, values, shape=None, format="coo", *, index_dtype=None) -> 
     idx = _index_tensor(indices, "indices")
     if idx.dim() != 2:
         raise ScorchValueError(f"from_coo: indices must be 2-d (ndim x nnz), got shape {tuple(idx.shape)}")
+    if values is None:
+        raise ScorchTypeError("from_coo: values must be a tensor, an array or a sequence of numbers, got None")
+    check_cpu_values(values, "from_coo")
     vals = values if isinstance(values, torch.Tensor) else torch.from_numpy(values) if isinstance(values, np.ndarray) \
         else torch.as_tensor(values)   # Python numbers: torch's default dtype, as sparse_coo_tensor's
     if vals.dim() == 0:
@@ -257,6 +268,7 @@ def validate_storage(fmt: Format, shape, pos, crd, values, *, arg: str = "storag
                                   f"{type(bad).__name__}")
     if not isinstance(values, torch.Tensor):
         raise ScorchTypeError(f"{arg}: values must be a torch.Tensor, got {type(values).__name__}")
+    check_cpu_values(values, arg)
     dtypes = {t.dtype for t in (*pos, *crd) if t is not None}
     if not dtypes <= {torch.int32, torch.int64} or len(dtypes) > 1:
         raise ScorchTypeError(f"{arg}: index arrays must all be int32 or all int64, got {sorted(map(str, dtypes))}")

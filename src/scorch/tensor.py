@@ -256,6 +256,9 @@ class SparseTensor(torch.Tensor):
         if not isinstance(values, torch.Tensor) or values.shape != self._values.shape:
             raise ScorchValueError(f"with_values: values must be a tensor of shape {tuple(self._values.shape)}, "
                                    f"got {getattr(values, 'shape', type(values).__name__)}")
+        if values.device.type != "cpu":
+            raise NotSupportedError(f"with_values: values are on {values.device}; SparseTensors live on the CPU "
+                                    "(scorch's kernels run there)")
         if values.requires_grad and torch.is_grad_enabled():
             from .ops.einsum import FromValues
             return FromValues.apply(self.detach(), values)
@@ -323,8 +326,9 @@ class SparseTensor(torch.Tensor):
 
         ``index_dtype=None`` keeps the current index width when it can hold the result."""
         fmt = resolve(format, self.dim())
+        from .interop import _check_blocks, _check_index_dtype
+        _check_index_dtype(index_dtype)   # (an int16 or float one reached the kernels: a segfault)
         if fmt != self._format:   # blocks that divide the shape, a position array that fits
-            from .interop import _check_blocks
             _check_blocks(fmt, self._shape)
         want = index_dtype if index_dtype is not None else self.index_dtype
         if fmt == self._format:
