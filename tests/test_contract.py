@@ -1211,3 +1211,22 @@ def test_negated_inputs_of_linear_and_vmap_over_values():
         torch.func.vmap(lambda v: A.with_values(v) @ x)(V)   # (it used the first values for every batch)
     got = torch.func.vmap(lambda xb: A @ xb)(torch.stack([x, 2 * x]))   # batching the dense operand is fine
     torch.testing.assert_close(got, torch.stack([d @ x, d @ (2 * x)]))
+
+
+def test_public_arguments_named_in_their_errors():
+    A = scorch.as_sparse(torch.eye(3), "csr")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    from scorch import datasets
+    from scorch.nn import SparseAttention
+    for call, exc, msg in [
+            (lambda: scorch.formats.csf(2.0), TypeError, "ndim must be an int"),
+            (lambda: scorch.formats.preset(None, 2), TypeError, "format name must be a str"),
+            (lambda: A.to_dense("float64"), TypeError, "to_dense: dtype must be a torch.dtype"),
+            (lambda: datasets.save_matrix_market(A, "unused.mtx", comment=3), TypeError, "comment must be a str"),
+            (lambda: SparseAttention(8, 2, window=4)(torch.randn(6, 8), mask="causal"), TypeError,
+             "mask must be a bool tensor or a sparse tensor")]:
+        with pytest.raises(exc, match=msg):
+            call()
+    partial = scorch.schedule.create_schedule(model)["0.weight"].block(2, 2).set_format("csr", axis=(0, 1))
+    assert "incomplete" in repr(partial)   # a repr never raises
+    assert A.to_dense(torch.float64).dtype == torch.float64

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import ScorchValueError
+from .errors import ScorchTypeError, ScorchValueError
 from .interop import from_coo
 from .tensor import SparseTensor
 
@@ -286,6 +286,8 @@ def save_matrix_market(A, path: str | os.PathLike, *, comment: str | None = None
     for integer dtypes, ``real`` otherwise (17 significant digits: float64 round-trips).
     A ``*.gz`` path is gzipped."""
     from .interop import as_sparse
+    if comment is not None and not isinstance(comment, str):
+        raise ScorchTypeError(f"save_matrix_market: comment must be a str or None, got {type(comment).__name__}")
     if not isinstance(A, SparseTensor):
         if not isinstance(A, torch.Tensor):
             raise ScorchValueError(f"save_matrix_market: A must be a tensor, got {type(A).__name__}")

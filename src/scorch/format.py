@@ -317,6 +317,10 @@ def _check_block_sizes(name, *sizes):
 
 def preset(name: str, ndim: int) -> Format:
     """The preset called ``name`` for an ``ndim``-d tensor."""
+    if not isinstance(name, str):
+        raise ScorchTypeError(f"format name must be a str, got {type(name).__name__}")
+    if isinstance(ndim, bool) or not isinstance(ndim, int):
+        raise ScorchTypeError(f"format {name!r}: ndim must be an int, got {ndim!r}")
     key = _preset_key(name)
     if ndim < 1:
         raise ScorchValueError(f"format {name!r}: a sparse tensor needs at least 1 dim, got {ndim}-d")

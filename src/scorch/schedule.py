@@ -118,7 +118,11 @@ class TensorSchedule:
     def __repr__(self) -> str:
         what = "output" if self.ndim is None else "parameter"
         block = f", block={self._block}" if self._block else ""
-        return f"TensorSchedule({self.name!r} ({what}): format={self.format()}{block}, " \
+        try:
+            fmt = self.format()
+        except ScorchValueError as err:   # (a repr never raises: a schedule still being written says so)
+            fmt = f"<incomplete: {err}>"
+        return f"TensorSchedule({self.name!r} ({what}): format={fmt}{block}, " \
                f"sparsifier={self._sparsifier or KeepAll()!r})"
 
 

@@ -282,6 +282,8 @@ class SparseTensor(torch.Tensor):
 
     # ------------------------------------------------------------ conversions
     def to_dense(self, dtype=None, *, masked_grad=None) -> torch.Tensor:
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise ScorchTypeError(f"to_dense: dtype must be a torch.dtype or None, got {dtype!r}")
         if self._needs_grad():
             from .ops.einsum import ToDense
             out = ToDense.apply(self)

@@ -83,6 +83,9 @@ def bigbird_pattern(L: int, window: int, global_tokens: int = 0, random_blocks: 
 def _mask_pattern(mask, L: int):
     """``(row, col)`` of a user mask: a boolean ``L x L`` tensor or a 2-d SparseTensor /
     ``torch.sparse`` tensor (its stored entries)."""
+    if not isinstance(mask, torch.Tensor):
+        raise ScorchTypeError(f"SparseAttention: mask must be a bool tensor or a sparse tensor, got "
+                              f"{type(mask).__name__}")
     if tuple(mask.shape) != (L, L):
         raise ScorchValueError(f"SparseAttention: mask must have shape (L, L) = ({L}, {L}) for x with "
                                f"sequence length {L}, got {tuple(mask.shape)}")
