@@ -16,7 +16,7 @@ import torch
 from . import convert
 from .errors import NotSupportedError, ScorchTypeError, ScorchValueError
 from .format import Format, bsc_format, bsr_format, resolve
-from .tensor import SparseTensor, cpu_entry
+from .tensor import SparseTensor, check_cpu_values, cpu_entry
 
 __all__ = ["as_sparse", "from_coo", "is_sparse", "to_torch", "to_scipy", "validate_storage"]
 
@@ -45,14 +45,6 @@ def _is_scipy_sparse(x) -> bool:
 def _check_index_dtype(index_dtype):
     if index_dtype not in _INDEX_DTYPES:
         raise ScorchTypeError(f"index_dtype must be torch.int32, torch.int64 or None, got {index_dtype!r}")
-
-
-def check_cpu_values(values, arg: str) -> None:
-    """Values a SparseTensor is built from live on the CPU (a meta tensor's were read as zeros; the
-    kernels read the array by pointer)."""
-    if isinstance(values, torch.Tensor) and values.device.type != "cpu":
-        raise NotSupportedError(f"{arg}: values are on {values.device}; SparseTensors live on the CPU "
-                                "(scorch's kernels run there)")
 
 
 @cpu_entry

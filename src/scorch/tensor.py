@@ -112,9 +112,7 @@ class SparseTensor(torch.Tensor):
                                         "products, or loop over the batch")
             values = _unwrapped(values)
         self._pos, self._crd = tuple(map(contig, pos)), tuple(map(contig, crd))
-        if values.is_neg() or values.is_conj():   # torch's lazy bits: the kernels read raw memory
-            values = values.resolve_conj().resolve_neg()
-        self._values = values.contiguous()
+        self._values = resolved(values).contiguous()
         self._stored = self._count_nnz() if nnz is None else nnz
         n = math.prod(self._shape)
         self._density = self._stored / n if n else 0.0   # read on every dispatch decision
@@ -256,9 +254,7 @@ class SparseTensor(torch.Tensor):
         if not isinstance(values, torch.Tensor) or values.shape != self._values.shape:
             raise ScorchValueError(f"with_values: values must be a tensor of shape {tuple(self._values.shape)}, "
                                    f"got {getattr(values, 'shape', type(values).__name__)}")
-        if values.device.type != "cpu":
-            raise NotSupportedError(f"with_values: values are on {values.device}; SparseTensors live on the CPU "
-                                    "(scorch's kernels run there)")
+        check_cpu_values(values, "with_values")
         if values.requires_grad and torch.is_grad_enabled():
             from .ops.einsum import FromValues
             return FromValues.apply(self.detach(), values)
@@ -680,8 +676,12 @@ class SparseTensor(torch.Tensor):
                                     "rebuilt, too late to check them); use the default format")
         args = (_VERSION, self._format.to_spec(), tuple(self.shape), self._pos, self._crd, self._values,
                 self.requires_grad, bool(getattr(self, "_is_param", False)))
-        attrs = {k: v for k, v in vars(self).items() if not k.startswith("_")}   # a user's own, as torch keeps
+        attrs = self._user_attributes()   # kept, as torch keeps a tensor's
         return (_rebuild_sparse, args + (attrs,) if attrs else args)
+
+    def _user_attributes(self) -> dict:
+        """The attributes a user set on this tensor (scorch's own start with ``_``)."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
 
     def __deepcopy__(self, memo):
         if id(self) in memo:
@@ -698,8 +698,7 @@ class SparseTensor(torch.Tensor):
             leaf = self.grad_fn is None
         if leaf and self.grad is not None:   # as torch's Tensor.__deepcopy__: its grad and a user's attributes
             out.grad = copy.deepcopy(self.grad, memo)
-        for name, value in copy.deepcopy({k: v for k, v in vars(self).items() if not k.startswith("_")},
-                                         memo).items():
+        for name, value in copy.deepcopy(self._user_attributes(), memo).items():
             setattr(out, name, value)
         return out
 
@@ -762,24 +761,42 @@ class SparseTensor(torch.Tensor):
         return torch_dispatch(func, types, args, kwargs or {})
 
 
+def _layers(t: torch.Tensor):
+    """``t`` and each tensor torch.func's wrappers around it hold, outermost first."""
+    f = torch._C._functorch
+    yield t
+    while f.is_gradtrackingtensor(t) or f.is_batchedtensor(t) or f.is_functionaltensor(t):
+        t = f.get_unwrapped(t)
+        yield t
+
+
 def _unwrapped(t: torch.Tensor) -> torch.Tensor:
     """``t`` without torch.func's wrappers (a SparseTensor's arrays: differentiating or batching
     through a SparseTensor's own values is not supported under torch.func; its products with
     dense tensors are)."""
-    f = torch._C._functorch
-    while f.is_gradtrackingtensor(t) or f.is_batchedtensor(t) or f.is_functionaltensor(t):
-        t = f.get_unwrapped(t)
+    for t in _layers(t):
+        pass
     return t
 
 
 def _batched(t: torch.Tensor) -> bool:
     """Whether ``t`` carries a torch.func.vmap batch dim at some wrapper level."""
-    f = torch._C._functorch
-    while f.is_gradtrackingtensor(t) or f.is_batchedtensor(t) or f.is_functionaltensor(t):
-        if f.is_batchedtensor(t):
-            return True
-        t = f.get_unwrapped(t)
-    return False
+    return any(map(torch._C._functorch.is_batchedtensor, _layers(t)))
+
+
+def resolved(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with torch's lazy negation and conjugation bits applied (``x.conj().imag``,
+    ``torch._neg_view``): memory that holds its values, as kernels reading it by pointer need
+    (``contiguous`` keeps the bits)."""
+    return x.resolve_conj().resolve_neg() if x.is_neg() or x.is_conj() else x
+
+
+def check_cpu_values(values, arg: str) -> None:
+    """Values a SparseTensor is built from live on the CPU (a meta tensor's were read as zeros; the
+    kernels read the array by pointer)."""
+    if isinstance(values, torch.Tensor) and values.device.type != "cpu":
+        raise NotSupportedError(f"{arg}: values are on {values.device}; SparseTensors live on the CPU "
+                                "(scorch's kernels run there)")
 
 
 _mode_stack = torch._C._len_torch_function_stack   # 0 unless a torch-function mode is on (~30 ns)

@@ -22,7 +22,7 @@ from .._dispatch import broadcast_shapes
 from ..errors import InternalError, NotSupportedError, ScorchTypeError, ScorchValueError
 from ..format import preset, resolve
 from ..interop import as_sparse, from_torch, is_sparse
-from ..tensor import SparseTensor
+from ..tensor import SparseTensor, resolved
 from . import build, codegen, compact
 from .lower import lower
 from .notation import Einsum, parse, permutation, product
@@ -83,7 +83,7 @@ def _operands(operands):
         if isinstance(x, SparseTensor):
             out.append(x)
         elif isinstance(x, torch.Tensor) and not is_sparse(x):
-            out.append(_plain(x))
+            out.append(resolved(x))
         elif isinstance(x, torch.Tensor):
             out.append(from_torch(x))
         else:
@@ -92,13 +92,6 @@ def _operands(operands):
         if (x._values if type(x) is SparseTensor else x).device.type != "cpu":
             raise NotSupportedError(f"einsum: operand {k} is on {x.device}; scorch kernels run on the CPU")
     return out
-
-
-def _plain(x: torch.Tensor) -> torch.Tensor:
-    """A dense operand whose memory holds its values: torch's lazy negation and conjugation bits
-    (``x.conj().imag``, ``torch._neg_view``) applied (kernels read the raw memory; ``contiguous``
-    keeps the bits)."""
-    return x.resolve_conj().resolve_neg() if x.is_neg() or x.is_conj() else x
 
 
 def _compute_dtype(ops, ein=None):
@@ -718,7 +711,7 @@ def evaluate(equation: str, ops, *, format=None, expr=None, init=(), compacted=F
     (dense, broadcastable to the result) is added to it, inside the kernel when it can.
     A hypersparse assembled result runs over the coordinates present (:mod:`compact`; once:
     ``compacted`` operands are not compacted again)."""
-    init = tuple(map(_plain, init))
+    init = tuple(map(resolved, init))
     plan, ein, ops, out_dtype, cdtype = _plan(equation, list(ops), format, expr)
     if plan.schedule.output[0] == "assemble" and not (init or compacted) and build.have_compiler() \
             and (wide := compact.wide_indices(ein, ops, build.num_threads())):

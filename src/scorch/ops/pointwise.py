@@ -30,7 +30,7 @@ from ..errors import InternalError, NotSupportedError, ScorchTypeError, ScorchVa
 from ..format import Format, dense
 from ..tensor import SparseTensor
 from ._pattern import project, same_pattern, stored
-from .shape import _densified, fill_scalar, mask_points, ravel_coords, store_at
+from .shape import _densified, fill_scalar, mask_points, store_at, stored_hits
 
 
 def _is_scalar(a) -> bool:
@@ -524,9 +524,9 @@ def _mask_hits(x: SparseTensor, mask) -> torch.Tensor:
     at = mask_points(mask, x._shape)
     if at is None:
         return project(_densified(mask, "masked_fill: a sparse mask that broadcasts").expand(x._shape), x)
-    coords, where = stored(x)
+    where, hit = stored_hits(x, at)
     hits = torch.zeros(x._values.shape, dtype=torch.bool)
-    hits[where] = torch.isin(ravel_coords(coords, x._shape, coords.shape[1]), ravel_coords(at, x._shape, at.shape[1]))
+    hits[where] = hit
     return hits
 
 

@@ -652,12 +652,18 @@ def mask_points(mask, shape) -> torch.Tensor | None:
     return coords[:, mask._values[where]]
 
 
+def stored_hits(x: SparseTensor, at: torch.Tensor) -> tuple:
+    """``(where, hit)``: the positions of ``x``'s stored entries in its values array (:func:`stored`)
+    and, per entry, whether its coordinate is among ``at`` (``ndim x k``)."""
+    coords, where = stored(x)
+    return where, torch.isin(ravel_coords(coords, x._shape, coords.shape[1]), ravel_coords(at, x._shape, at.shape[1]))
+
+
 def _set_points(x: SparseTensor, at: torch.Tensor, value) -> None:
     """``x`` takes the scalar ``value`` at the coordinates ``at``: the stored ones in place; a
     nonzero (or NaN) at ones ``x`` does not store joins the pattern (:func:`store_at`)."""
     value = fill_scalar(value, x.dtype)
-    coords, where = stored(x)
-    hit = torch.isin(ravel_coords(coords, x._shape, coords.shape[1]), ravel_coords(at, x._shape, at.shape[1]))
+    where, hit = stored_hits(x, at)
     if int(hit.sum()) < at.shape[1] and value != 0:   # (NaN too)
         store_at(x, at, _scalars(value, x.dtype, at.shape[1]), "setitem")
         return
