@@ -317,3 +317,20 @@ def test_double_backward_through_sparse_products():
     (gx,) = torch.autograd.grad(torch.nn.functional.conv1d(inp, weight).pow(2).sum(), inp, create_graph=True)
     with pytest.raises(RuntimeError, match="marked with @once_differentiable"):
         gx.sum().backward()
+
+
+def test_masked_fill_with_a_value_that_requires_grad_counts_every_masked_entry():
+    """A 0-d value requiring grad reaches the masked entries where nothing is stored too: the
+    result is dense (as torch's), so the value's gradient counts them all, not only the stored hits."""
+    d = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]])
+    m = torch.tensor([[True, True, False], [False, True, True]])
+    for val in (0.0, 5.0):
+        v, w = torch.tensor(val, requires_grad=True), torch.tensor(val, requires_grad=True)
+        got = scorch.as_sparse(d, "csr").masked_fill(m, v)
+        want = d.masked_fill(m, w)
+        torch.testing.assert_close(got, want)
+        (got * torch.arange(6.0).view(2, 3)).sum().backward()
+        (want * torch.arange(6.0).view(2, 3)).sum().backward()
+        torch.testing.assert_close(v.grad, w.grad)
+    A = scorch.as_sparse(d, "csr")
+    assert isinstance(A.masked_fill(m, torch.tensor(0.0)), scorch.SparseTensor)   # no grad: the pattern kept

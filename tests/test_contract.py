@@ -1230,3 +1230,28 @@ def test_public_arguments_named_in_their_errors():
     partial = scorch.schedule.create_schedule(model)["0.weight"].block(2, 2).set_format("csr", axis=(0, 1))
     assert "incomplete" in repr(partial)   # a repr never raises
     assert A.to_dense(torch.float64).dtype == torch.float64
+
+
+def test_generators_and_layers_check_seeds_sizes_and_flags():
+    """seed= must be an int (torch's manual_seed error came late, or never when unused); R-MAT's
+    scale stops where its int64 edge keys would overflow; GNN layers' flags and GATConv's dropout
+    are checked where given, naming the argument."""
+    from scorch import datasets
+    from scorch.nn import GATConv, GCNConv, SAGEConv, SparseAttention
+    for call, msg in [(lambda: datasets.rmat(70, 10), "scale must be an int >= 1 and <= 31"),
+                      (lambda: datasets.rmat(5, 10, seed=1.5), "rmat: seed must be an int"),
+                      (lambda: datasets.uniform_random(10, 5, seed="a"), "uniform_random: seed must be an int"),
+                      (lambda: datasets.power_law_graph(100, 50, seed=None), "power_law_graph: seed must be an int"),
+                      (lambda: datasets.attention_mask(16, seed=2.0), "attention_mask: seed must be an int"),
+                      (lambda: datasets.multi_hot(4, 8, 2, seed=[1]), "multi_hot: seed must be an int"),
+                      (lambda: datasets.pruned_weight(4, 8, 0.5, seed=True), "pruned_weight: seed must be an int"),
+                      (lambda: SparseAttention(8, 2, seed=0.5), "SparseAttention: seed must be an int"),
+                      (lambda: GATConv(4, 4, dropout=1.5), "GATConv: dropout must be a probability"),
+                      (lambda: GATConv(4, 4, concat="yes"), "GATConv: concat must be a bool"),
+                      (lambda: GATConv(4, 4, negative_slope="x"), "GATConv: negative_slope must be a number"),
+                      (lambda: GCNConv(4, 4, bias="x"), "GCNConv: bias must be a bool"),
+                      (lambda: GCNConv(True, 4), "GCNConv: in_channels must be a positive int"),
+                      (lambda: SAGEConv(4, 4, cached=1), "SAGEConv: cached must be a bool")]:
+        with pytest.raises((ValueError, TypeError), match=msg):
+            call()
+    assert datasets.rmat(5, 10, seed=np.int64(3)).edge_index.shape == (2, 10)

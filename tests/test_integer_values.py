@@ -51,3 +51,23 @@ def test_integer_sums_past_2_to_the_53_are_refused():
     assert torch.equal(A @ torch.tensor([[2 ** 11], [1]]), torch.tensor([[2 ** 51], [3]]))  # just below
     with pytest.raises(scorch.errors.NotSupportedError, match="not supported"):
         scorch.as_sparse(torch.eye(2, dtype=torch.complex64), "csr") @ torch.ones(2, 1, dtype=torch.complex64)
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo"])
+def test_bool_einsum_follows_torch(fmt):
+    """Bool operands: products are ands (bool results), a sum over one operand's own index counts
+    (int64), as torch's einsum; a sum over an index several bool operands share (a matrix product of
+    bools, which torch refuses too) is refused with a clear error."""
+    g = torch.Generator().manual_seed(0)
+    a, b, c = torch.rand(3, 4, generator=g) > 0.5, torch.rand(3, 4, generator=g) > 0.5, torch.rand(4, generator=g) > 0.5
+    for eq, ops in [("ij,j->ij", (a, c)), ("ij->", (a,)), ("ij->i", (a,)), ("ij->ji", (a,)),
+                    ("ij,kj->ikj", (a, b)), ("ij,ij->ij", (a, b))]:
+        want = torch.einsum(eq, *ops)
+        got = scorch.einsum(eq, scorch.as_sparse(ops[0], fmt), *ops[1:])
+        got = got.to_dense() if isinstance(got, scorch.SparseTensor) else got
+        assert got.dtype == want.dtype and torch.equal(got, want), eq
+    for eq, ops in [("ij,ij->i", (a, b)), ("ij,j->i", (a, c))]:
+        with pytest.raises(NotImplementedError):
+            torch.einsum(eq, *ops)
+        with pytest.raises(NotImplementedError, match="matrix product of bools"):
+            scorch.einsum(eq, scorch.as_sparse(ops[0], fmt), *ops[1:])

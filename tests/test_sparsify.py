@@ -166,3 +166,26 @@ def test_sparsity_builder_keeps_tied_weights_tied_and_checks_names():
         sb.set_weight("0.weight", initial_sparsifier=0.9)
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         SparsityBuilder(emb.weight)
+
+
+def test_a_block_size_that_does_not_divide_is_refused_naming_the_tensor():
+    """A blocked out_format is checked against the parameter's shape when set_weight is called (a
+    schedule's build names the parameter too), and against a submodule's output on the call."""
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7))
+    sb = SparsityBuilder(model)
+    with pytest.raises(ValueError, match="for '0.weight': its block size \\(2, 2\\) does not divide .* \\(7, 5\\)"):
+        sb.set_weight("0.weight", ScalarFractionSparsifier(0.5), out_format=scorch.formats.bsr(2, 2))
+    s = scorch.schedule.create_schedule(model)
+    s["0.weight"].block(2, 2)
+    with pytest.raises(ValueError, match="'0.weight'"):
+        s.build()
+    sb = SparsityBuilder(model)
+    sb.set_interm("0", ScalarFractionSparsifier(0.5), out_format=scorch.formats.bsr(2, 2))
+    with pytest.raises(ValueError, match="submodule '0''s output of shape \\(3, 7\\)"):
+        sb.get_sparse_model()(torch.randn(3, 5))
+    sb = SparsityBuilder(model)   # a block that divides: the model runs, as the masked dense one
+    sb.set_interm("0", ScalarFractionSparsifier(0.5), out_format=scorch.formats.bsr(2, 7))
+    x = torch.randn(4, 5)
+    out = sb.get_sparse_model()(x)
+    want = model(x)
+    torch.testing.assert_close(out.to_dense(), want * (out.to_dense() != 0))

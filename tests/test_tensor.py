@@ -232,6 +232,28 @@ def test_deepcopy(x):
     assert torch.equal(m.w.to_dense(), x)
 
 
+def test_deepcopy_of_a_non_leaf_is_refused_as_torch_refuses_it(x):
+    A = scorch.as_sparse(x, "csr").requires_grad_()
+    with pytest.raises(RuntimeError, match="graph leaves"):
+        copy.deepcopy(A * 2)
+    with pytest.raises(RuntimeError, match="graph leaves"):
+        copy.deepcopy(x.clone().requires_grad_() * 2)   # (torch's own, the rule followed)
+    B = copy.deepcopy((A * 2).detach())
+    assert torch.equal(B.to_dense(), 2 * x) and B.grad_fn is None
+
+
+def test_level_arguments_are_ints(x):
+    A = scorch.as_sparse(x, "csr")
+    assert torch.equal(A.pos(np.int64(1)), A.pos(-1))
+    for bad in (True, 1.0, "1"):
+        with pytest.raises(TypeError, match="level must be an int"):
+            A.pos(bad)
+        with pytest.raises(TypeError, match="level must be an int"):
+            A.crd(bad)
+    with pytest.raises(ValueError, match="level must be an int in \\[-2, 2\\)"):
+        A.crd(2)
+
+
 def test_copies_and_pickles_of_a_sparse_parameter_stay_parameters(x, tmp_path):
     """nn.Parameter marks a tensor subclass (``_is_param``); deepcopy, pickle and torch.save /
     torch.load of a module keep the mark -- as torch's for a dense Parameter -- so a copied model's

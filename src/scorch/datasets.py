@@ -88,7 +88,9 @@ def _read_npz(path, name) -> Graph:
 def rmat(scale: int, nnz: int, *, a=0.57, b=0.19, c=0.19, seed: int = 0) -> Graph:
     """R-MAT power-law graph on ``2**scale`` nodes with about ``nnz`` distinct directed
     edges (duplicates and self-loops dropped), deterministic for a seed."""
-    scale, nnz = _check_int("rmat", "scale", scale, 1), _check_int("rmat", "nnz", nnz)
+    # (scale <= 31: the edge keys row * n + col are int64)
+    scale, nnz = _check_int("rmat", "scale", scale, 1, 31), _check_int("rmat", "nnz", nnz)
+    seed = check_seed("rmat", seed)
     for name, p in (("a", a), ("b", b), ("c", c)):
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
             raise ScorchValueError(f"rmat: {name} must be a probability in [0, 1], got {p!r}")
@@ -113,7 +115,8 @@ def rmat(scale: int, nnz: int, *, a=0.57, b=0.19, c=0.19, seed: int = 0) -> Grap
 
 def uniform_random(n: int, nnz: int, *, seed: int = 0) -> Graph:
     """Erdos-Renyi-like graph: about ``nnz`` distinct uniformly random edges on ``n`` nodes."""
-    n, nnz = _check_int("uniform_random", "n", n, 1), _check_int("uniform_random", "nnz", nnz)
+    n, nnz = _check_int("uniform_random", "n", n, 1, 3_037_000_499), _check_int("uniform_random", "nnz", nnz)
+    seed = check_seed("uniform_random", seed)   # (n <= sqrt(2**63): the edge keys n * n are int64)
     g = torch.Generator().manual_seed(seed)
     key = torch.unique(torch.randint(0, n * n, (int(nnz * 1.05) + 16,), generator=g))
     key = key[torch.randperm(key.numel(), generator=g)[:nnz]]
@@ -331,10 +334,19 @@ GRAPH_SIZES = {
 }
 
 
-def _check_int(fn, name, x, lo=0):
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < lo:
-        raise ScorchValueError(f"{fn}: {name} must be an int >= {lo}, got {x!r}")
+def _check_int(fn, name, x, lo=0, hi=None):
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < lo or (hi is not None and x > hi):
+        raise ScorchValueError(f"{fn}: {name} must be an int >= {lo}{f' and <= {hi}' if hi is not None else ''}"
+                               f", got {x!r}")
     return int(x)
+
+
+def check_seed(fn: str, seed) -> int:
+    """``seed`` as a generator seed (an int in int64's range or uint64's, as torch.Generator takes),
+    or an error naming ``fn``'s argument."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not -2**63 <= seed < 2**64:
+        raise ScorchTypeError(f"{fn}: seed must be an int, got {seed!r}")
+    return int(seed)
 
 
 def power_law_graph(num_nodes: int, num_edges: int, seed: int = 0, *, symmetric: bool = False) -> Graph:
@@ -346,8 +358,9 @@ def power_law_graph(num_nodes: int, num_edges: int, seed: int = 0, *, symmetric:
     ``symmetric=True`` stores every edge in both directions (``num_edges`` counts both,
     so it must be even), like the real undirected graphs.
     """
-    n = _check_int("power_law_graph", "num_nodes", num_nodes, 1)
+    n = _check_int("power_law_graph", "num_nodes", num_nodes, 1, 2**31)   # (rmat's scale <= 31)
     m = _check_int("power_law_graph", "num_edges", num_edges, 0)
+    seed = check_seed("power_law_graph", seed)
     if symmetric and m % 2:
         raise ScorchValueError(f"power_law_graph: symmetric=True stores both directions, so num_edges "
                                f"must be even, got {m}")
@@ -391,6 +404,7 @@ def graph_like(name: str, seed: int = 0) -> Graph:
     (``GRAPH_SIZES``: cora, citeseer, pubmed, ca-astroph, ogbn-arxiv, reddit-like),
     symmetric where the data set is undirected."""
     key = str(name).lower()
+    seed = check_seed("graph_like", seed)
     if key not in GRAPH_SIZES:
         raise ScorchValueError(f"graph_like: name must be one of {sorted(GRAPH_SIZES)}, got {name!r}")
     n, m, sym = GRAPH_SIZES[key]
@@ -419,6 +433,7 @@ def attention_mask(seq_len: int, kind: str = "window", *, window: int = 128, glo
                     (b if kind == "bigbird" else 0) if global_tokens is None else global_tokens, 0)
     rb = _check_int("attention_mask", "random_blocks",
                     (3 if kind == "bigbird" else 0) if random_blocks is None else random_blocks, 0)
+    seed = check_seed("attention_mask", seed)
     h = w // 2
     i = torch.arange(L).repeat_interleave(2 * h + 1)
     j = i + torch.arange(-h, h + 1).repeat(L)
@@ -460,7 +475,7 @@ def multi_hot(num_rows: int, num_features: int, nnz_per_row: int, seed: int = 0,
     k = _check_int("multi_hot", "nnz_per_row", nnz_per_row, 0)
     if k > F:
         raise ScorchValueError(f"multi_hot: nnz_per_row must be <= num_features ({F}), got {k}")
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(check_seed("multi_hot", seed))
     logw = (-alpha * torch.log(torch.arange(1, F + 1, dtype=torch.float64))) if power_law else None
     chunk = max(1, (1 << 22) // F)
     cols = []
@@ -488,7 +503,7 @@ def pruned_weight(out_features: int, in_features: int, sparsity: float, seed: in
     i = _check_int("pruned_weight", "in_features", in_features, 1)
     if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0.0 <= sparsity <= 1.0:
         raise ScorchValueError(f"pruned_weight: sparsity must be a number in [0, 1], got {sparsity!r}")
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(check_seed("pruned_weight", seed))
     W = torch.randn(o, i, generator=g, dtype=torch.float64) / math.sqrt(i)
     keep = round((1.0 - sparsity) * o * i)
     flat = torch.topk(W.abs().reshape(-1), keep, sorted=False).indices.sort().values

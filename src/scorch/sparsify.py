@@ -215,7 +215,11 @@ class SparsityBuilder:
                               out_format)
         if isinstance(params[name], SparseTensor):
             raise ScorchValueError(f"SparsityBuilder.set_weight: parameter {name!r} is sparse already")
-        resolve(out_format, params[name].dim(), arg=f"SparsityBuilder.set_weight: out_format for {name!r}")
+        shape = tuple(params[name].shape)
+        fmt = resolve(out_format, len(shape), arg=f"SparsityBuilder.set_weight: out_format for {name!r}")
+        if fmt.block and any(n % b for n, b in zip(shape, fmt.block)):
+            raise ScorchValueError(f"SparsityBuilder.set_weight: out_format {fmt} for {name!r}: its block size "
+                                   f"{fmt.block} does not divide the parameter's shape {shape}")
         self._weights[name] = (sparsifier, out_format)
 
     def set_interm(self, name: str, sparsifier: Sparsifier, out_format="csr") -> None:
@@ -277,5 +281,9 @@ class _SparsifyOutput:
         if not isinstance(output, torch.Tensor):
             raise ScorchTypeError(f"set_interm: submodule {self.name!r} returned {type(output).__name__}; only a "
                                   "tensor output can be sparsified")
-        return self.sparsifier(output, self.fmt)
+        try:
+            return self.sparsifier(output, self.fmt)
+        except ScorchValueError as err:   # (a block size that does not divide this call's output, ...)
+            raise ScorchValueError(f"set_interm: submodule {self.name!r}'s output of shape {tuple(output.shape)}: "
+                                   f"{err}") from None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import operator
 
 import torch
 
@@ -272,7 +273,10 @@ class SparseTensor(torch.Tensor):
 
     def _check_level(self, level: int) -> int:
         n = len(self._format.levels)
-        if not isinstance(level, int) or not -n <= level < n:
+        if isinstance(level, bool) or not hasattr(type(level), "__index__"):
+            raise ScorchTypeError(f"level must be an int, got {type(level).__name__}")
+        level = operator.index(level)
+        if not -n <= level < n:
             raise ScorchValueError(f"level must be an int in [{-n}, {n}), got {level!r}")
         return level % n
 
@@ -686,6 +690,12 @@ class SparseTensor(torch.Tensor):
     def __deepcopy__(self, memo):
         if id(self) in memo:
             return memo[id(self)]
+        with torch._C.DisableTorchFunctionSubclass():
+            leaf = self.grad_fn is None
+        if not leaf:   # as torch's Tensor.__deepcopy__
+            raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
+                               "protocol at the moment (a SparseTensor computed from tensors that require grad "
+                               "is not one: deepcopy its .detach())")
         import copy
         out = SparseTensor(self._format, self.shape, copy.deepcopy(self._pos, memo),
                            copy.deepcopy(self._crd, memo), copy.deepcopy(self._values, memo),
@@ -694,9 +704,7 @@ class SparseTensor(torch.Tensor):
         if getattr(self, "_is_param", False):   # as nn.Parameter.__deepcopy__: the data, no grad or attributes
             out._is_param = True
             return out
-        with torch._C.DisableTorchFunctionSubclass():
-            leaf = self.grad_fn is None
-        if leaf and self.grad is not None:   # as torch's Tensor.__deepcopy__: its grad and a user's attributes
+        if self.grad is not None:   # as torch's Tensor.__deepcopy__: its grad and a user's attributes
             out.grad = copy.deepcopy(self.grad, memo)
         for name, value in copy.deepcopy(self._user_attributes(), memo).items():
             setattr(out, name, value)

@@ -104,6 +104,13 @@ def _compute_dtype(ops, ein=None):
         return dt, torch.float32
     if dt in (torch.float32, torch.float64):
         return dt, dt
+    if ein is not None and dt == torch.bool:   # as torch: products are ands, a sum over one operand's index counts
+        shared = [c for c in ein.reduced if sum(c in t for t in ein.inputs) > 1]
+        if shared:
+            raise NotSupportedError(
+                f"einsum: bool operands summed over index {shared[0]!r}, which several of them share, is a "
+                "matrix product of bools, which torch does not define either; convert them (x.int() or x.float())")
+        return (torch.int64 if ein.reduced else torch.bool), torch.float64
     if ein is not None and dt != torch.bool and not dt.is_floating_point and not dt.is_complex:
         if _integer_bound(ops, ein) <= 2 ** 53:
             # torch sums an index only one operand has (and the output lacks) first: int64, as sum's

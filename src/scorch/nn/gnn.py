@@ -202,8 +202,14 @@ def _features(x, in_channels: int, layer: str):
 
 def _check_positive(layer: str, **kw) -> None:
     for name, v in kw.items():
-        if not isinstance(v, int) or v <= 0:
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise ScorchValueError(f"{layer}: {name} must be a positive int, got {v!r}")
+
+
+def _check_flags(layer: str, **kw) -> None:
+    for name, v in kw.items():
+        if not isinstance(v, bool):
+            raise ScorchTypeError(f"{layer}: {name} must be a bool, got {v!r}")
 
 
 def _glorot(t: torch.Tensor) -> None:
@@ -247,6 +253,7 @@ class GCNConv(_GraphConv):
                  normalize: bool = True, cached: bool = False):
         super().__init__(cached)
         _check_positive("GCNConv", in_channels=in_channels, out_channels=out_channels)
+        _check_flags("GCNConv", bias=bias, add_self_loops=add_self_loops, normalize=normalize, cached=cached)
         self.in_channels, self.out_channels = in_channels, out_channels
         self.add_self_loops, self.normalize = add_self_loops, normalize
         self.lin = nn.Linear(in_channels, out_channels, bias=False)
@@ -283,6 +290,7 @@ class SAGEConv(_GraphConv):
     def __init__(self, in_channels: int, out_channels: int, bias: bool = True, cached: bool = False):
         super().__init__(cached)
         _check_positive("SAGEConv", in_channels=in_channels, out_channels=out_channels)
+        _check_flags("SAGEConv", bias=bias, cached=cached)
         self.in_channels, self.out_channels = in_channels, out_channels
         self.lin_l = nn.Linear(in_channels, out_channels, bias=bias)
         self.lin_r = nn.Linear(in_channels, out_channels, bias=False)
@@ -329,6 +337,11 @@ class GATConv(_GraphConv):
                  dropout: float = 0.0, cached: bool = False):
         super().__init__(cached)
         _check_positive("GATConv", in_channels=in_channels, out_channels=out_channels, heads=heads)
+        _check_flags("GATConv", concat=concat, add_self_loops=add_self_loops, bias=bias, cached=cached)
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1:
+            raise ScorchValueError(f"GATConv: dropout must be a probability in [0, 1], got {dropout!r}")
+        if isinstance(negative_slope, bool) or not isinstance(negative_slope, (int, float)):
+            raise ScorchTypeError(f"GATConv: negative_slope must be a number, got {negative_slope!r}")
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.concat, self.negative_slope = concat, negative_slope
         self.add_self_loops, self.dropout = add_self_loops, dropout

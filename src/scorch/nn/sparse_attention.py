@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import convert
+from ..datasets import check_seed
 from ..errors import ScorchTypeError, ScorchValueError
 from ..interop import is_sparse, from_coo
 from ..ops import dense as dense_ops
@@ -74,7 +75,7 @@ def bigbird_pattern(L: int, window: int, global_tokens: int = 0, random_blocks: 
     nb = -(-L // block)
     r = min(random_blocks, nb)
     if r:
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator().manual_seed(check_seed("bigbird_pattern", seed))
         kb = torch.rand(nb, nb, generator=gen).argsort(dim=1)[:, :r]
         parts.append(_block_pairs(L, block, torch.arange(nb).repeat_interleave(r), kb.reshape(-1)))
     return _unique_pairs(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), L)
@@ -138,7 +139,8 @@ class SparseAttention(nn.Module):
         if pattern not in _PATTERNS:
             raise ScorchValueError(f"SparseAttention: pattern must be one of {_PATTERNS}, got {pattern!r}")
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
-        self.pattern, self.window, self.block, self.seed = pattern, window, block, seed
+        self.pattern, self.window, self.block = pattern, window, block
+        self.seed = check_seed("SparseAttention", seed)
         self.global_tokens, self.random_blocks = global_tokens, random_blocks
         self.in_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)

@@ -543,12 +543,14 @@ def _fill_value(value):
 @implements_aten(torch.ops.aten.masked_fill.Scalar, torch.ops.aten.masked_fill.Tensor)
 def _masked_fill(self, mask, value):
     """Filling with 0 keeps the pattern (the masked stored values become 0); any other value
-    reaches the absent entries too: the result is dense, computed densely."""
+    reaches the absent entries too: the result is dense, computed densely (as is a 0-d tensor value
+    that requires grad: the result depends on it at every masked entry, stored or not)."""
+    traced = isinstance(value, torch.Tensor) and value.requires_grad
     value = _fill_value(value)
     _check_bool_mask("masked_fill", mask)
     if not isinstance(self, SparseTensor):   # a dense tensor with a sparse mask
         return torch.ops.aten.masked_fill.Scalar(self, _densified(mask, "masked_fill: the sparse mask"), value)
-    if value == 0:
+    if value == 0 and not traced:
         return self._like(values=self._values.masked_fill(_mask_hits(self, mask), 0), nnz=self._stored)
     check_dense_size("masked_fill with a value other than 0 gives a dense result, and", [self, mask])
     return torch.ops.aten.masked_fill.Scalar(self.to_dense(), _densified(mask, "masked_fill"), value)
