@@ -334,3 +334,97 @@ def test_masked_fill_with_a_value_that_requires_grad_counts_every_masked_entry()
         torch.testing.assert_close(v.grad, w.grad)
     A = scorch.as_sparse(d, "csr")
     assert isinstance(A.masked_fill(m, torch.tensor(0.0)), scorch.SparseTensor)   # no grad: the pattern kept
+
+
+def _in_place_then_backward(A, forward, write):
+    y = forward(A)
+    with torch.no_grad():
+        write(A)
+    y.backward()
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo"])
+@pytest.mark.parametrize("case", ["norm", "softsign", "inf-norm", "matmul via detach", "matmul via t()",
+                                  "matmul via reshape"])
+def test_a_write_between_forward_and_backward_is_caught_as_torch_catches_it(fmt, case):
+    """A SparseTensor written in place (directly, or through an alias: detach(), t(), reshape)
+    after a forward saved its values: the backward raises as dense torch's does -- it used to
+    read the new values and return a wrong gradient."""
+    import torch.nn.functional as F
+    X = torch.ones(2, 1)
+    forward, write = {
+        "norm": (lambda A: A.norm(), lambda A: A.mul_(2)),
+        "softsign": (lambda A: F.softsign(A).sum(), lambda A: A.mul_(2)),
+        "inf-norm": (lambda A: torch.linalg.vector_norm(A, float("inf")), lambda A: A.mul_(2)),
+        "matmul via detach": (lambda A: (A @ X.requires_grad_()).sum(), lambda A: A.detach().mul_(10)),
+        "matmul via t()": (lambda A: (A @ X.requires_grad_()).sum(), lambda A: A.t().mul_(10)),
+        "matmul via reshape": (lambda A: (A @ X.requires_grad_()).sum(), lambda A: A.reshape(-1).mul_(10)),
+    }[case]
+    d = torch.tensor([[3.0, 0.0], [0.0, 4.0]])
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _in_place_then_backward(d.clone().requires_grad_(), forward, write)   # (torch's own, the rule)
+    with pytest.raises(RuntimeError, match="inplace"):
+        _in_place_then_backward(scorch.as_sparse(d, fmt).requires_grad_(), forward, write)
+
+
+@pytest.mark.parametrize("write", ["t", "reshape", "with_values"])
+def test_writes_through_a_view_of_a_tensor_that_requires_grad_are_refused_in_grad_mode(write):
+    """torch rebases a view's base on an in-place write; scorch's views share the values array but
+    autograd would not see the write (B.t().mul_(3) changed B and left its gradient at 1x), so
+    the write is refused while grad mode is on; under no_grad it goes through, as torch's."""
+    d = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    A = scorch.as_sparse(d, "csr").requires_grad_()
+    views = {"t": lambda B: B.t(), "reshape": lambda B: B.reshape(-1),
+             "with_values": lambda B: B.with_values(A.values())}
+    for B in (A, A * 2):
+        with pytest.raises(RuntimeError, match="shares its values with a tensor that requires grad"):
+            views[write](B).mul_(3)
+    with torch.no_grad():
+        views[write](A).mul_(3)
+    assert torch.equal(A.detach().to_dense(), 3 * d)
+    C = A * 2
+    C.mul_(3)   # the tensor itself, in place: recorded
+    (C.to_dense() * torch.tensor([[1.0, 2.0], [3.0, 4.0]])).sum().backward()
+    torch.testing.assert_close(A.grad.to_dense(), torch.tensor([[6.0, 0.0], [0.0, 24.0]]))
+
+
+def test_a_transposed_weight_held_across_optimizer_steps_still_trains():
+    """A view made once (w.t()) sees every in-place update of its base and carries the gradient
+    back to it, as a dense view does."""
+    d = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    X = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    A = scorch.as_sparse(d, "csr").requires_grad_()
+    D = d.clone().requires_grad_()
+    At, Dt = A.t(), D.t()
+    for _ in range(2):
+        with torch.no_grad():
+            A.mul_(2)
+            D.mul_(2)
+        (At @ X).pow(2).sum().backward()
+        (Dt @ X).pow(2).sum().backward()
+        torch.testing.assert_close(A.grad.to_dense(), D.grad * (d != 0))
+        torch.testing.assert_close(At.detach().to_dense(), Dt.detach())
+
+
+def test_is_grads_batched_through_a_sparse_product():
+    """autograd.grad(..., is_grads_batched=True) runs the backward under torch's old vmap, whose
+    tensors have no data for a kernel: the dense operands' gradients come from tensordots of the
+    densified others; a sparse operand's gradient or a batch index is refused, naming torch.func."""
+    g = torch.Generator().manual_seed(0)
+    d = torch.randn(3, 4, generator=g) * (torch.rand(3, 4, generator=g) < 0.5)
+    A = scorch.as_sparse(d, "csr")
+    for fn, shape, gshape in [(lambda M, Z: M @ Z, (4, 2), (5, 3, 2)), (lambda M, Z: M @ Z, (4,), (5, 3)),
+                              (lambda M, Z: M.t() @ Z, (3, 2), (5, 4, 2)),
+                              (lambda M, Z: torch.nn.functional.linear(M, Z), (2, 4), (5, 3, 2))]:
+        Z = torch.randn(*shape, generator=g, requires_grad=True)
+        gs = torch.randn(*gshape, generator=g)
+        got = torch.autograd.grad(fn(A, Z), Z, gs, is_grads_batched=True)[0]
+        want = torch.autograd.grad(fn(d, Z), Z, gs, is_grads_batched=True)[0]
+        torch.testing.assert_close(got, want)
+    B = scorch.as_sparse(d, "csr").requires_grad_()
+    with pytest.raises(NotImplementedError, match="gradient of a sparse operand"):
+        torch.autograd.grad(B @ torch.randn(4, 2), B, torch.randn(5, 3, 2), is_grads_batched=True)
+    B3 = scorch.as_sparse(torch.stack([d, d]), "csr")
+    Y = torch.randn(2, 4, 2, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="torch.func"):
+        torch.autograd.grad(B3 @ Y, Y, torch.randn(5, 2, 3, 2), is_grads_batched=True)

@@ -592,3 +592,24 @@ def test_data_ptr_raises_as_torch_sparse_does(x):
         with pytest.raises(TypeError, match="no dense buffer"):
             getattr(A, name)()
     assert A.values().data_ptr() != 0 and x.data_ptr() != 0   # the arrays, and dense tensors, as before
+
+
+def test_copy_from_another_pattern_copies_the_values():
+    """copy_ (and so load_state_dict) of a source with another pattern took the source's own values
+    array: training the copy changed the source."""
+    A = scorch.from_coo([[0, 1], [1, 0]], [1.0, 2.0], (2, 2), format="csr")
+    B = scorch.from_coo([[0, 1], [0, 1]], [5.0, 6.0], (2, 2), format="csr")
+    A.copy_(B)
+    A.mul_(0)
+    assert torch.equal(B.values(), torch.tensor([5.0, 6.0]))
+    T = torch.tensor([[5.0, 0.0], [0.0, 6.0]]).to_sparse_csr()
+    A.copy_(T)
+    A.mul_(0)
+    assert torch.equal(T.values(), torch.tensor([5.0, 6.0]))
+    src, dst = scorch.nn.SparseLinear(4, 3, sparsity=0.5), scorch.nn.SparseLinear(4, 3, sparsity=0.5)
+    before = src.weight.detach().to_dense().clone()
+    dst.load_state_dict(src.state_dict())
+    with torch.no_grad():
+        dst.weight.mul_(2)
+    assert torch.equal(src.weight.detach().to_dense(), before)
+    assert torch.equal(dst.weight.detach().to_dense(), 2 * before)

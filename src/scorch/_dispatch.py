@@ -244,6 +244,21 @@ def register_pointwise(handler):
 
 
 def torch_dispatch(func, types, args, kwargs):
+    written = _WRITTEN.get(func)
+    if written is None:
+        written = _WRITTEN[func] = _written_arguments(func)
+    if not written:
+        return _run(func, args, kwargs)
+    targets = [t for t in _arguments_at(written, args, kwargs) if type(t) is SparseTensor]
+    for t in targets:
+        _check_write(func, t)
+    out = _run(func, args, kwargs)
+    for t in targets:   # the version autograd's saved values (and every alias's values()) carry
+        torch.autograd.graph.increment_version(t._values)
+    return out
+
+
+def _run(func, args, kwargs):
     impl = _ATEN.get(func) or _ATEN.get(func.overloadpacket)
     if impl is not None:
         return impl(*args, **kwargs)
@@ -253,6 +268,40 @@ def torch_dispatch(func, types, args, kwargs):
         check_dense_size(f"{func.overloadpacket.__name__} gives a dense result, and", leaves(args, kwargs))
         return densified(func, args, kwargs)
     return dense_fallback(func, args, kwargs)
+
+
+# ------------------------------------------------------------------ writes into a SparseTensor's values
+
+_WRITTEN: dict = {}   # aten op -> its written arguments: ((position, name), ...)
+
+
+def _written_arguments(func) -> tuple:
+    return tuple((k, a.name) for k, a in enumerate(func._schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write)
+
+
+def _arguments_at(written, args, kwargs):
+    for k, name in written:
+        if k < len(args):
+            yield args[k]
+        elif name in kwargs:
+            yield kwargs[name]
+
+
+def _check_write(func, t: SparseTensor) -> None:
+    """An in-place op runs below autograd on the wrapper it writes; writing through a SparseTensor
+    whose values are another tensor's that requires grad (a view: ``x.t()``, ``x.reshape(...)``,
+    ``x.with_values(v)``) would change that tensor unrecorded -- refused while grad mode is on, as
+    torch refuses writes through a leaf's views (and scorch cannot rebase a base's history)."""
+    if getattr(t, "_grad_view", False) and torch.is_grad_enabled():
+        with torch._C.DisableTorchFunctionSubclass():
+            tracked = t.requires_grad
+        if tracked:
+            raise RuntimeError(
+                f"{func.overloadpacket.__name__}: a SparseTensor that shares its values with a tensor that requires "
+                "grad (a view such as x.t(), x.reshape(...), x.with_values(v)) is being used in an in-place "
+                "operation, which autograd would not record; write into the tensor itself, out of place, or "
+                "under torch.no_grad()")
 
 
 # aten ops whose result is dense whatever the input's sparsity (centred or normalised values,

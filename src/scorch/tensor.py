@@ -137,6 +137,7 @@ class SparseTensor(torch.Tensor):
         (Only that way: an alias is not told of a write into its source.)"""
         fmt, shape, before, src = self._format, self._shape, self._values, getattr(self, "_source", None)
         self._become(other)
+        torch.autograd.graph.increment_version(before)   # (values saved for a backward are stale now)
         while src is not None:
             if src._format != fmt or src._shape != shape or src._values.data_ptr() != before.data_ptr() \
                     or src._values.numel() != before.numel():
@@ -258,7 +259,11 @@ class SparseTensor(torch.Tensor):
         check_cpu_values(values, "with_values")
         if values.requires_grad and torch.is_grad_enabled():
             from .ops.einsum import FromValues
-            return FromValues.apply(self.detach(), values)
+            out = FromValues.apply(self.detach(), values)
+            # values that are a leaf's or a view's (x.t() holds x.values()): writes through out would change
+            # them unrecorded -- refused in grad mode (_dispatch); fresh values (a clone's) are out's own
+            out._grad_view = values.is_leaf or values._is_view()
+            return out
         return self._like(values=values, nnz=self._stored)
 
     def pos(self, level: int) -> torch.Tensor | None:
@@ -605,7 +610,8 @@ class SparseTensor(torch.Tensor):
         elif _within(s, self):   # (src's zeros at stored positions: 0 written there, in place)
             self._values.copy_(project(s, self))
         else:
-            self._restore(s._like(values=s._values.to(self.dtype), nnz=s._stored))
+            # (a copy of the values: as_sparse and .to may hand back src's own, and a copy_ never aliases)
+            self._restore(s._like(values=s._values.to(self.dtype, copy=True), nnz=s._stored))
         torch.autograd.graph.increment_version(self)
         return self
 
@@ -627,7 +633,17 @@ class SparseTensor(torch.Tensor):
     def _keep_grad(self, view: "SparseTensor") -> "SparseTensor":
         """``view`` (this tensor's values in the same order, under another format, shape or index
         width) in the autograd graph when this tensor requires grad: its values are ours."""
-        return view.with_values(self.values()) if self._needs_grad() else view
+        return self._on_values_of(view) if self._needs_grad() else view
+
+    def _on_values_of(self, pattern: "SparseTensor") -> "SparseTensor":
+        """``pattern`` (of as many entries, in the same order) holding this tensor's values array: a
+        view, whose writes reach this tensor; in the autograd graph when this tensor requires grad."""
+        if self._needs_grad():
+            from .ops.einsum import ViewOf
+            out = ViewOf.apply(self, pattern)
+            out._grad_view = True   # writes through it would change this tensor unrecorded: refused in grad mode
+            return out
+        return pattern._like(values=self.values(), nnz=pattern._stored)
 
     def _positions(self) -> "SparseTensor":
         """This pattern holding 1, 2, ... (float64): each stored entry's position in the values

@@ -17,7 +17,7 @@ import torch
 import torch.autograd.forward_ad as _fwAD
 
 from .. import config, runtime
-from .._dispatch import implements, with_autocast
+from .._dispatch import check_dense_size, implements, with_autocast
 from ..compiler import driver
 from ..compiler.notation import parse, permutation
 from ..errors import NotSupportedError, ScorchTypeError, ScorchValueError
@@ -447,7 +447,12 @@ def _grad_of(ein, ops, k, grad):
     t_k, out = ein.inputs[k], ein.output
     others = [(t, x) for j, (t, x) in enumerate(zip(ein.inputs, ops)) if j != k]
     x = ops[k]
-    run = einsum if torch.is_grad_enabled() else driver.einsum
+    batched = _legacy_vmap()   # autograd.grad(..., is_grads_batched=True): grad is batched by torch's old
+    if batched and isinstance(x, SparseTensor):   # vmap, whose tensors have no data for a kernel
+        raise NotSupportedError(f"einsum {ein}: is_grads_batched=True needs the gradient of a sparse operand, "
+                                "which is not supported; take the gradients one at a time")
+    # (under torch.func -- a backward vmapped by is_grads_batched -- the differentiable one has the vmap rule)
+    run = einsum if torch.is_grad_enabled() or _functorch_level() is not None else driver.einsum
     if isinstance(x, SparseTensor):
         mask = x._like(values=torch.ones_like(x._values), nnz=x._stored)
         terms = [t_k, out] + [t for t, _ in others]
@@ -456,7 +461,10 @@ def _grad_of(ein, ops, k, grad):
     have = set(out) | {c for t, _ in others for c in t}
     kept = "".join(c for c in t_k if c in have)
     terms = [out] + [t for t, _ in others]
-    g = run(",".join(terms) + "->" + kept, grad, *[o for _, o in others], format="dense")
+    if batched:
+        g = _batched_einsum(",".join(terms) + "->" + kept, grad, [o for _, o in others])
+    else:
+        g = run(",".join(terms) + "->" + kept, grad, *[o for _, o in others], format="dense")
     size = ein.size
     if kept != t_k:  # indices only this operand has: the gradient is constant along them
         g = g.reshape([size[c] if c in kept else 1 for c in t_k]).expand([size[c] for c in t_k])
@@ -464,6 +472,38 @@ def _grad_of(ein, ops, k, grad):
     if broadcast:
         g = g.sum(dim=broadcast, keepdim=True)
     return g.to(x.dtype)
+
+
+def _legacy_vmap() -> bool:
+    """Whether torch's old vmap (``torch._vmap_internals``, which ``is_grads_batched`` runs) is on."""
+    level = torch._C._vmapmode_increment_nesting()
+    torch._C._vmapmode_decrement_nesting()
+    return level > 1
+
+
+def _batched_einsum(equation: str, grad, others):
+    """``equation`` over ``grad`` and the other operands densified (within the dense size limit) by
+    pairwise ``tensordot``s, which torch's old vmap batches (its einsum has no batching rule): a
+    gradient for a batch of outputs at once.  An index two operands share and the result keeps (a
+    batch index) has no tensordot: refused, pointing at torch.func."""
+    check_dense_size("is_grads_batched=True densifies the other operands, and", others)
+    ins, out = equation.split("->")
+    terms = ins.split(",")
+    cur, ct = grad, terms[0]
+    for k, (t, x) in enumerate(zip(terms[1:], others), start=2):
+        later = set(out).union(*terms[k:])
+        shared = [c for c in ct if c in t]
+        kept = [c for c in shared if c in later]
+        if kept:
+            raise NotSupportedError(f"einsum {equation!r}: is_grads_batched=True over a batch index ({kept[0]!r}) is "
+                                    "not supported; use torch.func.vmap over torch.func.vjp's function instead")
+        cur = torch.tensordot(cur, x.to_dense() if isinstance(x, SparseTensor) else x,
+                              dims=([ct.index(c) for c in shared], [t.index(c) for c in shared]))
+        ct = "".join(c for c in ct + t if c not in shared)
+    extra = [d for d, c in enumerate(ct) if c not in out]
+    if extra:
+        cur, ct = cur.sum(dim=extra), "".join(c for c in ct if c in out)
+    return cur.permute([ct.index(c) for c in out])
 
 
 class ToDense(torch.autograd.Function):
@@ -479,6 +519,23 @@ class ToDense(torch.autograd.Function):
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
         return in_pattern(x, project(grad, x).to(x.dtype))
+
+
+class ViewOf(torch.autograd.Function):
+    """``pattern`` holding ``x``'s values array itself (the same entries in the same order: a view
+    -- ``x.t()``, a reshape, an index-width change); its gradient is ``x``'s in ``x``'s pattern.  The
+    view's values are ``x``'s own tensor, not a view of it made here (a view made inside a custom
+    Function could not be read again once ``x`` is written in place: a transposed weight held
+    across optimizer steps)."""
+
+    @staticmethod
+    def forward(ctx, x, pattern):
+        ctx.x, ctx.pattern = x, pattern
+        return pattern._like(values=x._values, nnz=pattern._stored)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return in_pattern(ctx.x, project(grad, ctx.pattern)), None
 
 
 class FromValues(torch.autograd.Function):

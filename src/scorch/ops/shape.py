@@ -122,14 +122,14 @@ def _view_like(x: SparseTensor, shape, coords, ids):
         return _rebuild_like(x, shape, coords, ids)
     pattern = rebuild(x._format, shape, coords, ids + 1, x.index_dtype)   # each entry's position + 1
     if pattern._values.numel() == n and bool((pattern._values == torch.arange(1, n + 1)).all()):
-        return pattern.with_values(x.values())
+        return x._on_values_of(pattern)
     return take_positions(pattern, x.values())
 
 
 def _alias(x: SparseTensor) -> SparseTensor:
     """A new SparseTensor on ``x``'s storage (kept in the autograd graph); a write that changes its
     pattern reaches a leaf ``x`` too (``w.view_as(q).copy_(q)``: ``nn.init.orthogonal_``)."""
-    return x.with_values(x.values())._alias_of(x)
+    return x._on_values_of(x)._alias_of(x)
 
 
 def ravel_coords(rows, sizes, nnz: int) -> torch.Tensor:
