@@ -153,14 +153,28 @@ def test_compile_error_reports_stderr_and_source(env):
     assert str(c) in msg
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
+def test_failing_compiler_settings_are_named(env, monkeypatch):
+    """A compiler or flags the user set that fail to build a kernel: a CompilerError naming the
+    setting (it said "a scorch bug"); with the defaults a failed build stays an InternalError."""
+    from scorch.errors import CompilerError
+    monkeypatch.setenv("SCORCH_CFLAGS", "-fno-such-flag-here")
+    with pytest.raises(CompilerError, match="SCORCH_CFLAGS='-fno-such-flag-here'"):
+        build.compile_library(ADD, tag="flags")
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "same size, headers kept", "no sum"])
 def test_corrupt_cached_library_is_rebuilt(env, damage):
     build.compile_library(ADD)
     (so,) = env.glob("*.so")
     data = so.read_bytes()
     # A new inode: overwriting the file in place would SIGBUS this process, which has it mapped.
     bad = env / "bad.tmp"
-    bad.write_bytes({"garbage": b"\x00garbage" * 100, "truncated": data[: len(data) // 2], "empty": b""}[damage])
+    if damage == "no sum":   # (a cache written before the sums, or a sum lost)
+        so.with_suffix(".sum").unlink()
+        bad.write_bytes(data)
+    else:   # the ELF headers kept and the code garbled passed the ELF check and segfaulted when run
+        bad.write_bytes({"garbage": b"\x00garbage" * 100, "truncated": data[: len(data) // 2], "empty": b"",
+                         "same size, headers kept": data[:4096] + bytes(len(data) - 4096)}[damage])
     os.replace(bad, so)
     with pytest.raises(OSError):
         build._load(so)  # detected before dlopen (a truncated ELF would otherwise SIGBUS)
@@ -274,3 +288,47 @@ def test_generated_sources_compile_without_optimisation(monkeypatch):
     monkeypatch.setenv("SCORCH_CFLAGS", "-O0")
     for src in sources:
         assert build.compile_library(src, tag="o0") is not None
+
+
+def test_cache_files_follow_the_umask(env):
+    old = os.umask(0o022)
+    try:
+        mask = build._UMASK
+        build.compile_library(ADD, tag="modes")
+    finally:
+        os.umask(old)
+    (so,) = env.glob("modes-*.so")
+    assert so.stat().st_mode & 0o777 == 0o777 & ~mask
+    assert so.with_suffix(".c").stat().st_mode & 0o777 == 0o666 & ~mask
+    assert so.with_suffix(".sum").stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_a_fork_during_a_compile_and_a_no_cache_child(env, tmp_path):
+    """A child forked while another thread compiles gets a new build lock (it waited forever on
+    the copied, held one) and a private dir of its own: its exit leaves the parent's alone (its
+    atexit removed it, and the parent's next build failed)."""
+    slow = tmp_path / "slowcc.sh"
+    slow.write_text("#!/bin/sh\nsleep 2\nexec cc \"$@\"\n")
+    slow.chmod(0o755)
+    code = textwrap.dedent(f"""
+        import os, sys, threading, time
+        os.environ["SCORCH_NO_CACHE"] = "1"
+        from scorch.compiler import build
+        os.environ["SCORCH_CC"] = {str(slow)!r}
+        assert build.have_compiler()   # (its --version, slow too, out of the way)
+        build.compile_library("int z(void) {{ return 0; }}\\n")   # the private dir made before the fork
+        t = threading.Thread(target=build.compile_library, args=("int a(void) {{ return 1; }}\\n",))
+        t.start()
+        time.sleep(0.5)   # the thread holds the build lock, compiling
+        pid = os.fork()
+        if pid == 0:
+            lib = build.compile_library("int b(void) {{ return 2; }}\\n")
+            sys.exit(0 if lib.b() == 2 else 3)   # (a normal exit: atexit handlers run)
+        _, status = os.waitpid(pid, 0)
+        t.join()
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        assert build.compile_library("int c(void) {{ return 3; }}\\n").c() == 3   # the parent's dir is whole
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -290,6 +290,17 @@ def test_no_compiler_falls_back_to_torch_with_one_warning(monkeypatch):
         x = rnd(7, 6, density=1, seed=6)
         with torch.no_grad():
             torch.testing.assert_close(m(x), m.dense_reference(x))
+        # elementwise expressions (the union of patterns, a dense operand, max / min) evaluate densely
+        B = scorch.as_sparse(rnd(5, 11, seed=7), "csr")
+        a, bd = A.to_dense(), B.to_dense()
+        for got, want in [(A + B, a + bd), (A - B, a - bd), (A + X[:, 0].unsqueeze(0).expand(5, 11).contiguous(),
+                                                              a + X[:, 0].unsqueeze(0)),
+                          (torch.maximum(A, B), torch.maximum(a, bd)), (torch.minimum(A, B), torch.minimum(a, bd)),
+                          (-A + B * 2, -a + bd * 2)]:
+            torch.testing.assert_close(got.to_dense() if isinstance(got, scorch.SparseTensor) else got, want)
+        C = A + B   # the kind of result the kernels give: the union, its computed zeros kept
+        assert isinstance(C, scorch.SparseTensor) and C.nnz == int(((a != 0) | (bd != 0)).sum())
+        assert (A - A).nnz == A.nnz and isinstance(A * X[:, 0], scorch.SparseTensor)
 
 
 # ------------------------------------------------------------------ init operands (fused additions)

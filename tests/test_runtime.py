@@ -122,6 +122,28 @@ def test_calibration_measures_and_caches(monkeypatch, tmp_path):
     assert runtime.dense_threshold() == 0.125
 
 
+@pytest.mark.parametrize("content", ["null", "[1, 2]", "5", '"text"', "{KEY: null}", "{KEY: true}", "{KEY: 7}",
+                                     "not json"])
+def test_a_calibration_file_of_another_shape_is_recalibrated(monkeypatch, tmp_path, content):
+    """Valid JSON that is not {machine: density} broke every product (it was read as that); it is
+    read as nothing now: measured again and overwritten."""
+    monkeypatch.setenv("SCORCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(runtime, "_memo", {})
+    (tmp_path / "calibration.json").write_text(content.replace("KEY", json.dumps(runtime._machine_key())))
+    monkeypatch.setattr(runtime, "calibrate", lambda: 0.25)
+    assert runtime.dense_threshold() == 0.25
+    assert json.loads((tmp_path / "calibration.json").read_text()) == {runtime._machine_key(): 0.25}
+
+
+def test_no_disk_cache_writes_no_calibration(monkeypatch, tmp_path):
+    monkeypatch.setenv("SCORCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("SCORCH_NO_CACHE", "1")
+    monkeypatch.setattr(runtime, "_memo", {})
+    monkeypatch.setattr(runtime, "calibrate", lambda: 0.5)
+    assert runtime.dense_threshold() == 0.5
+    assert not (tmp_path / "cache").exists()
+
+
 def test_calibrate_returns_a_density():
     d = runtime.calibrate(n=128, k=16, densities=(0.05, 0.5, 0.9), repeat=2)
     assert d in (0.05, 0.5, 0.9, 1.0)

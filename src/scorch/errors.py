@@ -6,6 +6,7 @@
   clauses keep working.
 * ``NotSupportedError``: valid input that scorch cannot handle yet; the message
   names the operation, the formats and a workaround.
+* ``CompilerError``: the configured C compiler or flags fail (the message names them).
 * ``InternalError``: a scorch bug ("please report").
 """
 
@@ -30,6 +31,11 @@ class ScorchTypeError(ScorchError, TypeError):
 
 class NotSupportedError(ScorchError, NotImplementedError):
     """Valid input that scorch does not handle yet."""
+
+
+class CompilerError(ScorchError, RuntimeError):
+    """The C compiler scorch was told to use (``SCORCH_CC`` / ``SCORCH_CFLAGS``) fails to build a
+    kernel: the message names the settings and shows the compiler's errors."""
 
 
 class InternalError(ScorchError, RuntimeError):

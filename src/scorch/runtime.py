@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass
 
@@ -97,26 +96,34 @@ def dense_threshold() -> float:
     key = _machine_key()
     if key in _memo:
         return _memo[key]
-    path = _cache_file()
-    try:
-        cached = json.loads(path.read_text())
-        if key in cached:
-            _memo[key] = float(cached[key])
-            return _memo[key]
-    except (OSError, ValueError):
-        cached = {}
+    from .compiler import build
+    path = None if os.environ.get("SCORCH_NO_CACHE") == "1" else _cache_file()   # (no disk cache: memo only)
+    cached = _read_calibration(path) if path is not None else {}
+    if isinstance(cached.get(key), (int, float)) and 0.0 <= cached[key] <= 1.0:
+        _memo[key] = float(cached[key])
+        return _memo[key]
     value = calibrate()
     _memo[key] = value
-    try:  # best effort: an unwritable cache dir just means calibrating again next process
-        path.parent.mkdir(parents=True, exist_ok=True)
-        cached[key] = value
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".calibration")
-        with os.fdopen(fd, "w") as f:
-            json.dump(cached, f)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    if path is not None:
+        try:  # best effort: an unwritable cache dir just means calibrating again next process
+            path.parent.mkdir(parents=True, exist_ok=True)
+            cached[key] = value
+            build.write_atomic(path.parent, path.name, json.dumps(cached).encode())
+        except OSError:
+            pass
     return value
+
+
+def _read_calibration(path) -> dict:
+    """The calibration file's ``{machine key: density}`` entries; anything else in it (a file
+    another program wrote, a broken one) reads as nothing: calibrated again and overwritten."""
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(cached, dict):
+        return {}
+    return {k: v for k, v in cached.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def densest(ops) -> float:

@@ -25,10 +25,12 @@ Thread contract: kernels take the thread count as an ``int`` argument and use it
 smaller than ``scorch.config.parallel_min_work``.
 
 Cache: in-process dict key -> CDLL (a repeat call is a hash + dict lookup); on disk
-``{tag}-{key[:20]}.so`` plus the ``.c`` beside it.  The key hashes ``CACHE_VERSION``,
-the compiler's path and ``--version`` line, the full command line and the source.
-Files are written to a temp name in the same directory and ``os.replace``d, so
-concurrent processes never see a partial file; a corrupt cached ``.so`` is rebuilt.
+``{tag}-{key[:20]}.so`` plus the ``.c`` and the ``.so``'s SHA-256 (``.sum``) beside it.  The
+key hashes ``CACHE_VERSION``, the compiler's path and ``--version`` line, the CPU (under
+``-march=native``), the full command line and the source.  Files are written to a temp name in
+the same directory and ``os.replace``d (modes as the umask gives), so concurrent processes never
+see a partial file; a cached ``.so`` that is truncated, corrupt or not what its ``.sum`` says is
+rebuilt.  Fork-safe: a child gets a new build lock and its own private dir.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from pathlib import Path
 import torch
 
 from scorch import config
-from scorch.errors import InternalError, NotSupportedError
+from scorch.errors import CompilerError, InternalError, NotSupportedError
 
 CACHE_VERSION = 1
 # -ffp-contract=fast: ISO C mode (-std=c99) turns off fusing a * b + c into one FMA, which GNU C
@@ -104,6 +106,25 @@ def _compiler_identity() -> str | None:
             pass
         _compilers[cc] = f"{exe}|{line}" if exe and line else None
     return _compilers[cc]
+
+
+_cpu: list[str] = []
+
+
+def _cpu_identity() -> str:
+    """What ``-march=native`` compiles for: the CPU's model and feature flags (Linux), else the
+    platform's processor string; a kernel built on another CPU may use instructions this one lacks."""
+    if not _cpu:
+        ident = ""
+        try:
+            with open("/proc/cpuinfo") as f:
+                lines = [ln for ln in f if ln.startswith(("model name", "flags", "Features", "CPU part"))]
+            ident = hashlib.sha256("".join(dict.fromkeys(lines)).encode()).hexdigest()[:16]
+        except OSError:
+            import platform
+            ident = platform.machine() + "|" + platform.processor()
+        _cpu.append(ident)
+    return _cpu[0]
 
 
 def have_compiler() -> bool:
@@ -174,12 +195,11 @@ def _command(cc: str, src: Path, out: Path) -> list[str]:
     return [cc, *flags, "-o", str(out), str(src), *link]
 
 
-def _check_elf(path: Path) -> None:
-    """Raise OSError if ``path`` is not a complete ELF file (a truncated .so dlopens into SIGBUS)."""
+def _check_elf(path: Path, data: bytes) -> None:
+    """Raise OSError if ``data`` (the file ``path``) is not a complete ELF file (a truncated .so
+    dlopens into SIGBUS)."""
     if not sys.platform.startswith("linux"):
         return
-    with open(path, "rb") as f:
-        data = f.read()
     try:
         if data[:4] != b"\x7fELF":
             raise ValueError("no ELF magic")
@@ -199,24 +219,72 @@ def _check_elf(path: Path) -> None:
         raise OSError(f"{path}: truncated ({len(data)} < {need} bytes)")
 
 
-def _load(path: Path) -> ctypes.CDLL:
-    _check_elf(path)
+def _load(path: Path, *, verify: bool = True) -> ctypes.CDLL:
+    """Load a built library; ``verify``: a cached one, whose bytes must be what the build wrote
+    (the SHA-256 in the ``.sum`` file beside it, written after the library): a file corrupted in
+    place but still ELF-shaped would be run (a segfault) -- it and a missing sum read as absent."""
+    data = path.read_bytes()
+    _check_elf(path, data)
+    if verify:
+        try:
+            want = path.with_suffix(".sum").read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            raise OSError(f"{path}: no checksum beside it") from None
+        if hashlib.sha256(data).hexdigest() != want:
+            raise OSError(f"{path}: its bytes are not the ones built (checksum mismatch)")
     return ctypes.CDLL(str(path))
 
 
 def _private() -> Path:
+    """This process's private build dir (``SCORCH_NO_CACHE=1``, or an unwritable cache dir),
+    removed when the process that made it exits (a forked child's exit leaves it alone)."""
     if not _private_dir:
         d = Path(tempfile.mkdtemp(prefix="scorch-"))
-        atexit.register(shutil.rmtree, d, ignore_errors=True)
+        atexit.register(_remove_private, d, os.getpid())
         _private_dir.append(d)
     return _private_dir[0]
 
 
-def _write_atomic(directory: Path, name: str, data: bytes) -> Path:
+def _remove_private(d: Path, owner: int) -> None:
+    if os.getpid() == owner:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while another thread held the build lock (compiling) would wait on it
+    forever: the child gets a new lock; and a private dir of its own (the parent removes its own)."""
+    global _lock
+    _lock = threading.Lock()
+    _private_dir.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()   # (read once: os.umask sets it to read it)
+
+
+def write_atomic(directory: Path, name: str, data: bytes, mode: int = 0o666) -> Path:
+    """``directory / name`` holding ``data``, written under a temp name and renamed (readers
+    never see part of it), with ``mode`` as the umask lets it (mkstemp's 0600 would keep a cache
+    dir shared by several users unreadable to the others)."""
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, directory / name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode & ~_UMASK)
+        os.replace(tmp, directory / name)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     return directory / name
 
 
@@ -232,7 +300,7 @@ def _writable(directory: Path) -> bool:
 def _build(source: str, directory: Path, stem: str) -> ctypes.CDLL:
     """Compile into ``directory`` (temp name, then os.replace) and load the result."""
     cc = os.environ.get("SCORCH_CC") or "cc"
-    c_path = _write_atomic(directory, f"{stem}.c", source.encode())
+    c_path = write_atomic(directory, f"{stem}.c", source.encode())
     fd, tmp_so = tempfile.mkstemp(dir=directory, prefix=f".{stem}.", suffix=".so.tmp")
     os.close(fd)
     try:
@@ -241,15 +309,28 @@ def _build(source: str, directory: Path, stem: str) -> ctypes.CDLL:
         if proc.returncode != 0:
             err = proc.stderr.strip()
             err = err if len(err) <= 2000 else err[:2000] + "\n... (truncated)"
-            raise InternalError(f"C compiler failed: {shlex.join(cmd)}\nsource kept at {c_path}\n{err}")
+            raise _build_error(f"C compiler failed: {shlex.join(cmd)}\nsource kept at {c_path}\n{err}")
+        os.chmod(tmp_so, 0o777 & ~_UMASK)
         os.replace(tmp_so, directory / f"{stem}.so")
     finally:
         if os.path.exists(tmp_so):
             os.unlink(tmp_so)
+    so = directory / f"{stem}.so"
     try:
-        return _load(directory / f"{stem}.so")
+        lib = _load(so, verify=False)
     except OSError as e:
-        raise InternalError(f"compiled library does not load ({e}); source kept at {c_path}") from None
+        raise _build_error(f"compiled library does not load ({e}); source kept at {c_path}") from None
+    write_atomic(directory, f"{stem}.sum", hashlib.sha256(so.read_bytes()).hexdigest().encode())
+    return lib
+
+
+def _build_error(msg: str) -> Exception:
+    """A failed build: the user's compiler settings' (named) when any is set, else a scorch bug."""
+    chosen = {v: os.environ[v] for v in ("SCORCH_CC", "SCORCH_CFLAGS", "SCORCH_CFLAGS_OVERRIDE") if os.environ.get(v)}
+    if chosen:
+        return CompilerError(f"{msg}\n(with {', '.join(f'{k}={v!r}' for k, v in chosen.items())}: check these settings, "
+                             "or unset them for the defaults)")
+    return InternalError(msg)
 
 
 # ctypes converts a Python int to a void * in ~half the time it takes for an int64_t (11 arguments
@@ -282,7 +363,8 @@ def compile_library(source: str, *, tag: str = "kernel") -> ctypes.CDLL:
             f"compiled kernels need a C compiler, but SCORCH_CC={os.environ.get('SCORCH_CC') or 'cc'!r}"
             " does not run; install gcc/clang or set SCORCH_CC, or use the torch fallback")
     cmd = _command("$CC", Path("$SRC"), Path("$OUT"))
-    key = hashlib.sha256("\0".join([str(CACHE_VERSION), ident, *cmd, source]).encode()).hexdigest()
+    cpu = _cpu_identity() if any("=native" in f for f in cmd) else ""   # (a cache dir shared by machines)
+    key = hashlib.sha256("\0".join([str(CACHE_VERSION), ident, cpu, *cmd, source]).encode()).hexdigest()
     if (lib := _memory.get(key)) is not None:
         return lib
     with _lock:

@@ -729,7 +729,7 @@ def evaluate(equation: str, ops, *, format=None, expr=None, init=(), compacted=F
     if init and build.have_compiler():
         plan, views = _with_init(equation, plan, ein, ops, format, expr, init, cdtype)
     if not build.have_compiler():
-        return _add_init(_torch_fallback(ein, ops, out_dtype, format, expr), init)
+        return _add_init(_torch_fallback(ein, ops, out_dtype, format, expr, plan.schedule.output), init)
     result = _run(plan, ein, ops, cdtype, views or ())
     if init and not views:
         result = _add_init(_cast(result, out_dtype), init)  # torch's type promotion with the init operands
@@ -737,17 +737,71 @@ def evaluate(equation: str, ops, *, format=None, expr=None, init=(), compacted=F
     return _finish(result, out_dtype, format)
 
 
-def _torch_fallback(ein, ops, out_dtype, format, expr):
+def _torch_fallback(ein, ops, out_dtype, format, expr, output=("dense",)):
+    """No C compiler: the einsum (or elementwise ``expr``) computed densely by torch, the result
+    of the kind the schedule gives (``output``): dense, in sparse operand k's pattern, or
+    assembled on the expression's own pattern (the union for ``+``, ...; zeros it computes stay
+    stored, as the kernels keep them)."""
     global _warned_no_cc
-    if expr is not None and expr != product(ein):
-        raise NotSupportedError("elementwise expressions need a C compiler ($SCORCH_CC or cc)")
     if not _warned_no_cc:
         _warned_no_cc = True
         warnings.warn("scorch: no C compiler found ($SCORCH_CC or cc); einsum runs densely with torch "
                       "(correct but slower)", stacklevel=3)
     dense = [x.to_dense() if isinstance(x, SparseTensor) else x for x in ops]
-    out = torch.einsum(str(ein), *dense).to(out_dtype)
-    return out if format in (None, "dense") else as_sparse(out, format)
+    expr = product(ein) if expr is None else expr
+    out = (torch.einsum(str(ein), *dense) if expr == product(ein) else _dense_expression(ein, dense, expr))
+    out = out.to(out_dtype)
+    if format not in (None, "dense") or output[0] == "dense":
+        return out if format in (None, "dense") else as_sparse(out, format)
+    from ..interop import from_coo
+    from ..ops._pattern import project
+    if output[0] == "pattern":
+        k = output[1]
+        return ops[k]._like(values=project(out, ops[k]).to(out_dtype), nnz=ops[k]._stored)
+    stored = [x._like(values=torch.ones(x._values.shape), nnz=x._stored).to_dense() if isinstance(x, SparseTensor)
+              else torch.ones(()).expand(x.shape) for x in ops]   # 1 where an operand stores (a dense one: all)
+    coords = (_dense_expression(ein, stored, _structure(expr)) != 0).nonzero().t()
+    return from_coo(coords, out[tuple(coords)], tuple(out.shape), format=preset("csr", out.dim()))
+
+
+def _structure(e):
+    """``e``'s stored pattern as a bool expression over the operands' patterns: ``*`` and ``/``
+    store where their first (and, for ``*``, second) operand does, the others where either does."""
+    from .notation import Neg, Op
+    if isinstance(e, Neg):
+        return _structure(e.a)
+    if isinstance(e, Op):
+        a, b = _structure(e.a), _structure(e.b)
+        return Op("*", a, b) if e.op == "*" else a if e.op == "/" else Op("max", a, b)
+    return e
+
+
+def _dense_expression(ein, dense, expr) -> torch.Tensor:
+    """An elementwise expression (``A + B``, ``max``...) over dense operands: each access broadcast
+    over the output's indices then the reduced ones, the tree evaluated by torch, the reduced
+    indices summed."""
+    from .notation import Access, Neg, Op
+    full = ein.output + ein.reduced
+
+    def aligned(a):
+        t, x = ein.inputs[a.operand], dense[a.operand]
+        order = sorted(range(len(t)), key=lambda d: full.index(t[d]))
+        x = x.permute(order) if order != list(range(len(t))) else x
+        return x.reshape([ein.size[c] if c in t else 1 for c in full])
+
+    def run(e):
+        if isinstance(e, Access):
+            return aligned(e)
+        if isinstance(e, Neg):
+            return -run(e.a)
+        if isinstance(e, Op):
+            a, b = run(e.a), run(e.b)
+            return {"+": torch.add, "-": torch.sub, "*": torch.mul, "/": torch.div, "max": torch.maximum,
+                    "min": torch.minimum}[e.op](a, b)
+        return torch.zeros(())
+
+    out = run(expr).expand([ein.size[c] for c in full])
+    return out.sum(dim=tuple(range(len(ein.output), len(full)))) if ein.reduced else out.contiguous()
 
 
 def _prepare(sched, ops):
