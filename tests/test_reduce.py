@@ -1,6 +1,7 @@
 """Reductions and softmax on SparseTensors against dense torch / torch.sparse, and gradients."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -43,7 +44,7 @@ def test_reduction_errors():
         A.sum(2)
     with pytest.raises(ValueError, match="repeats"):
         A.sum((0, 0))
-    with pytest.raises(TypeError, match="mean: needs a floating dtype"):
+    with pytest.raises(TypeError, match="mean: needs a floating point or complex dtype"):
         scorch.as_sparse(torch.ones(2, 2, dtype=torch.int64), "csr").mean()
 
 
@@ -455,3 +456,49 @@ def test_norms_sums_and_empty_dims_follow_torch():
                lambda t: t.transpose(0, 2)):
         with pytest.raises(IndexError, match="out of range"):
             op(G)
+
+
+def test_norms_of_ell_skip_what_is_written_in_its_unused_slots():
+    """ELL's values() holds its padding slots too; values written there (with_values of a full-length
+    array) are not entries: every norm over all dims reads only the stored entries, as the others do."""
+    x = torch.tensor([[1.0, 0, 2, 0], [0, 0, 0, 0], [3, 0, 0, 0], [0, 4, 5, 6]])
+    A = scorch.as_sparse(x, format="ell")
+    B = A.with_values(torch.full_like(A.values(), -7.0))
+    D = B.to_dense()
+    assert int((D != 0).sum()) == 6 and B.values().numel() > 6
+    for f in (lambda t: t.norm(), lambda t: torch.linalg.norm(t), lambda t: torch.linalg.vector_norm(t, 1),
+              lambda t: torch.linalg.vector_norm(t, 0.5), lambda t: torch.linalg.vector_norm(t, float("inf")),
+              lambda t: t.norm(p=3), lambda t: t.sum(), lambda t: t.abs().amax()):
+        torch.testing.assert_close(f(B), f(D))
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "csc"])
+def test_complex_sums_means_and_products(fmt):
+    """Complex values: the kernels compute real ones, so an einsum with a complex sparse operand is
+    the sum of the real einsums of the parts (times i where imaginary parts meet); differentiable
+    as torch's complex autograd (it raised 'not supported')."""
+    g = torch.Generator().manual_seed(0)
+    d = torch.complex(torch.randn(4, 5, generator=g), torch.randn(4, 5, generator=g))
+    d = d * (torch.rand(4, 5, generator=g) < 0.5)
+    X = torch.complex(torch.randn(5, 3, generator=g), torch.randn(5, 3, generator=g))
+    P, Q = torch.randn(4, 2, generator=g).to(torch.complex64), torch.randn(5, 2, generator=g).to(torch.complex64)
+    A = scorch.as_sparse(d, fmt)
+    for f in (lambda t: t.sum(), lambda t: t.sum(1), lambda t: t.mean(), lambda t: t.mean(0), lambda t: t @ X,
+              lambda t: t @ X[:, 0], lambda t: t.t() @ torch.ones(4, 2, dtype=torch.complex64),
+              lambda t: torch.addmm(torch.ones(4, 3, dtype=torch.complex64), t, X),
+              lambda t: torch.einsum("ij,ik,jk->ij", t, P, Q), lambda t: t @ t.t()):
+        got, want = f(A), f(d)
+        got = got.to_dense() if isinstance(got, scorch.SparseTensor) else got
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # real / imag keep the pattern (they ran densely)
+        for part in ("real", "imag"):
+            got = getattr(A, part)
+            assert isinstance(got, scorch.SparseTensor) and torch.equal(got.to_dense(), getattr(d, part))
+    As, Xs = scorch.as_sparse(d, fmt).requires_grad_(), X.clone().requires_grad_()
+    D, Xd = d.clone().requires_grad_(), X.clone().requires_grad_()
+    ((As @ Xs).abs().sum() + As.sum(1).abs().sum()).backward()
+    ((D @ Xd).abs().sum() + D.sum(1).abs().sum()).backward()
+    torch.testing.assert_close(Xs.grad, Xd.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(As.grad.to_dense(), D.grad * (d != 0), atol=1e-5, rtol=1e-5)

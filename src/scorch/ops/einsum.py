@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 
 import torch
 import torch.autograd.forward_ad as _fwAD
@@ -104,6 +105,9 @@ def _einsum(equation: str, operands, format, init):
             operands = _broadcast_sparse(equation, operands)
             key = driver._signature(equation, format, operands, init)
             break
+    for x in operands:   # (a loop, as above)
+        if type(x) is SparseTensor and x._values.dtype.is_complex:
+            return _complex(equation, operands, format, init)
     if _dense_path(equation, operands, format, key):
         dense = [x.to_dense() if isinstance(x, SparseTensor) else x for x in driver._operands(operands)]
         common = functools.reduce(torch.promote_types, [x.dtype for x in dense])
@@ -120,6 +124,33 @@ def _einsum(equation: str, operands, format, init):
 
 
 _functorch_level = torch._C._functorch.maybe_current_level   # None outside torch.func transforms
+
+
+def _complex(equation: str, operands: tuple, format, init: tuple):
+    """An einsum with a complex sparse operand (the kernels compute real values): it is linear in
+    each operand, so it is the sum, over a choice of real or imaginary part of every complex
+    operand, of the real einsum of those parts times i ** (imaginary parts chosen); differentiable
+    through ``real`` / ``imag`` and ``torch.complex``, as torch's complex autograd defines."""
+    from ._pattern import same_pattern
+    ops = driver._operands(operands)
+    choices = [((x.real, 0), (x.imag, 1)) if x.dtype.is_complex else ((x, 0),) for x in ops]
+    parts = [None, None]   # the real and imaginary sums
+    for combo in itertools.product(*choices):
+        k = sum(p for _, p in combo) % 4
+        term = einsum(equation, *[t for t, _ in combo], format=format)
+        term = -term if k >= 2 else term
+        parts[k % 2] = term if parts[k % 2] is None else parts[k % 2] + term
+    re, im = parts
+    if isinstance(re, SparseTensor):
+        if not same_pattern(re, im):
+            raise NotSupportedError(f"einsum {equation!r}: the real and imaginary parts of this complex sparse "
+                                    "result came out in different patterns; compute it on x.to_dense()")
+        out = re._like(values=torch.complex(re._values, im._values), nnz=re._stored)
+        return out if not init else out + sum(init)
+    out = torch.complex(re, im)
+    for t in init:
+        out = out + t
+    return out
 
 
 def _unwrapped(x):

@@ -658,3 +658,27 @@ for _op in (torch.ops.aten.uniform_.default, torch.ops.aten.normal_.default, tor
             torch.ops.aten.log_normal_.default, torch.ops.aten.cauchy_.default, torch.ops.aten.random_.default,
             torch.ops.aten.random_.to, getattr(torch.ops.aten.random_, "from")):   # ("from": a keyword)
     implements_aten(_op)(_fill_stored(_op))
+
+
+# ------------------------------------------------------------------ complex parts of the values
+
+def _part(x: SparseTensor, values: torch.Tensor) -> SparseTensor:
+    return x.with_values(values) if x._needs_grad() else x._like(values=values, nnz=x._stored)
+
+
+@implements(torch.real, torch.Tensor.real.__get__)
+def real(x):
+    """``x.real``: the pattern holding the real parts of the stored values (a copy: the kernels read
+    contiguous values, so writes into it do not reach ``x`` as they do through torch's view); a
+    real tensor itself.  Differentiable.  (It ran densely.)"""
+    if not x.dtype.is_complex:
+        return x
+    return _part(x, (x.values() if x._needs_grad() else x._values).real)
+
+
+@implements(torch.imag, torch.Tensor.imag.__get__)
+def imag(x):
+    """``x.imag``: as :func:`real`, the imaginary parts; a real tensor has none (as torch's)."""
+    if not x.dtype.is_complex:
+        raise RuntimeError("imag is not implemented for tensors with non-complex dtypes.")
+    return _part(x, (x.values() if x._needs_grad() else x._values).imag)

@@ -115,8 +115,8 @@ def sparse_sum(x, dim=None, dtype=None):
 @implements(torch.mean, torch.Tensor.mean)
 @accepts_out
 def mean(x, dim=None, keepdim=False, *, dtype=None):
-    if not (x.dtype.is_floating_point or dtype is not None):
-        raise ScorchTypeError(f"mean: needs a floating dtype, got {x.dtype} (pass dtype=)")
+    if not (x.dtype.is_floating_point or x.dtype.is_complex or dtype is not None):
+        raise ScorchTypeError(f"mean: needs a floating point or complex dtype, got {x.dtype} (pass dtype=)")
     if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
         raise ScorchTypeError(f"mean: dtype= must be a floating point or complex dtype (as torch's), got {dtype}")
     dims = _dims(dim, x.dim(), "mean")
@@ -282,6 +282,9 @@ def _norm(x: SparseTensor, ord, dim, keepdim: bool, dtype, dense_norm):
         raise ScorchTypeError(f"norm: expects a floating point or complex tensor (as torch's), got {x.dtype}")
     values = x.values() if dtype is None else x.values().to(dtype)
     if dim is None:
+        if x._stored != values.numel():   # (ELL's unused slots: whatever was written there is not an entry)
+            from ._pattern import stored
+            values = values[stored(x)[1]]
         out = torch.linalg.vector_norm(values, ord) if values.numel() else values.new_zeros(())
         return out.reshape((1,) * x.dim()) if keepdim else out
     dims = _dims(dim, x.dim(), "norm")
