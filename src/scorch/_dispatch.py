@@ -249,13 +249,20 @@ def torch_dispatch(func, types, args, kwargs):
         written = _WRITTEN[func] = _written_arguments(func)
     if not written:
         return _run(func, args, kwargs)
-    targets = [t for t in _arguments_at(written, args, kwargs) if type(t) is SparseTensor]
-    for t in targets:
-        _check_write(func, t)
+    targets = []
+    for k, name in written:
+        t = args[k] if k < len(args) else kwargs.get(name)
+        if type(t) is SparseTensor:
+            if getattr(t, "_grad_view", False):
+                _check_write(func, t)
+            targets.append(t._values)
     out = _run(func, args, kwargs)
-    for t in targets:   # the version autograd's saved values (and every alias's values()) carry
-        torch.autograd.graph.increment_version(t._values)
+    if targets:   # the version autograd's saved values (and every alias's values()) carry
+        _bump_versions(tuple(targets))
     return out
+
+
+_bump_versions = torch._C._increment_version
 
 
 def _run(func, args, kwargs):
@@ -280,20 +287,12 @@ def _written_arguments(func) -> tuple:
                  if a.alias_info is not None and a.alias_info.is_write)
 
 
-def _arguments_at(written, args, kwargs):
-    for k, name in written:
-        if k < len(args):
-            yield args[k]
-        elif name in kwargs:
-            yield kwargs[name]
-
-
 def _check_write(func, t: SparseTensor) -> None:
     """An in-place op runs below autograd on the wrapper it writes; writing through a SparseTensor
     whose values are another tensor's that requires grad (a view: ``x.t()``, ``x.reshape(...)``,
     ``x.with_values(v)``) would change that tensor unrecorded -- refused while grad mode is on, as
     torch refuses writes through a leaf's views (and scorch cannot rebase a base's history)."""
-    if getattr(t, "_grad_view", False) and torch.is_grad_enabled():
+    if torch.is_grad_enabled():
         with torch._C.DisableTorchFunctionSubclass():
             tracked = t.requires_grad
         if tracked:
