@@ -421,10 +421,66 @@ def test_is_grads_batched_through_a_sparse_product():
         got = torch.autograd.grad(fn(A, Z), Z, gs, is_grads_batched=True)[0]
         want = torch.autograd.grad(fn(d, Z), Z, gs, is_grads_batched=True)[0]
         torch.testing.assert_close(got, want)
-    B = scorch.as_sparse(d, "csr").requires_grad_()
-    with pytest.raises(NotImplementedError, match="gradient of a sparse operand"):
-        torch.autograd.grad(B @ torch.randn(4, 2), B, torch.randn(5, 3, 2), is_grads_batched=True)
+    # a sparse operand's gradients: dense, 0 off its pattern; a sparse weight that requires grad does not
+    # stop a Jacobian with respect to the input (it refused both)
+    B, D = scorch.as_sparse(d, "csr").requires_grad_(), d.clone().requires_grad_()
+    Z, gs = torch.randn(4, 2, generator=g), torch.randn(5, 3, 2, generator=g)
+    got = torch.autograd.grad(B @ Z, B, gs, is_grads_batched=True)[0]
+    torch.testing.assert_close(got, torch.autograd.grad(D @ Z, D, gs, is_grads_batched=True)[0] * (d != 0))
+    lin = torch.nn.Linear(4, 3, bias=False)
+    lin.weight = torch.nn.Parameter(scorch.as_sparse(d, "csr"))
+    x = torch.randn(2, 4, generator=g)
+    torch.testing.assert_close(torch.autograd.functional.jacobian(lin, x, vectorize=True),
+                               torch.autograd.functional.jacobian(lambda v: v @ d.t(), x, vectorize=True))
     B3 = scorch.as_sparse(torch.stack([d, d]), "csr")
     Y = torch.randn(2, 4, 2, requires_grad=True)
     with pytest.raises(NotImplementedError, match="torch.func"):
         torch.autograd.grad(B3 @ Y, Y, torch.randn(5, 2, 3, 2), is_grads_batched=True)
+
+
+def test_writes_above_the_aten_level_through_a_view_are_refused_too():
+    """out= into a view, apply_ on one, and in-place dropout write above torch_dispatch; they are
+    refused through a view of a tensor that requires grad in grad mode, and in-place dropout of a
+    tensor in the graph is an in-place product autograd records (its gradient ignored the mask)."""
+    import torch.nn.functional as F
+    w = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 4.0]])
+    W = torch.nn.Parameter(scorch.as_sparse(w, "csr"))
+    for write in (lambda: torch.mul(W.detach().t(), 2, out=W.t()), lambda: W.t().apply_(lambda v: 0.0),
+                  lambda: F.dropout(W.t(), 0.5, True, inplace=True)):
+        with pytest.raises(RuntimeError, match="shares its values"):
+            write()
+    assert torch.equal(W.detach().to_dense(), w)
+    torch.manual_seed(0)
+    H = W * 2
+    F.dropout(H, 0.5, True, inplace=True)
+    X = torch.tensor([[1.0], [2.0], [3.0]])
+    (H @ X).sum().backward()
+    kept = (H.detach().to_dense() != 0).to(w.dtype)   # the surviving entries, scaled by 2 / (1 - p) = 4
+    torch.testing.assert_close(W.grad.to_dense(), 4 * kept * X.t())
+
+
+def test_torch_func_through_a_view_made_inside_the_transform():
+    from torch.func import grad, jacrev, vmap
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(6, 5, generator=g) * (torch.rand(6, 5, generator=g) < 0.5)
+    W = torch.nn.Parameter(scorch.as_sparse(w, "csr"))
+    X = torch.randn(6, 3, generator=g)
+    for f in (lambda M: grad(lambda X: (M.t() @ X).pow(2).sum())(X), lambda M: jacrev(lambda X: M.t() @ X)(X),
+              lambda M: vmap(grad(lambda x: (M.t() @ x).pow(2).sum()))(X.t()),
+              lambda M: grad(lambda X: (M.reshape(5, 6) @ X).pow(2).sum())(X)):
+        torch.testing.assert_close(f(W), f(w))
+
+
+def test_a_complex_sparse_result_stays_in_the_graph():
+    g = torch.Generator().manual_seed(0)
+    d = torch.complex(torch.randn(4, 5, generator=g), torch.randn(4, 5, generator=g)) * (torch.rand(4, 5, generator=g) < .5)
+    P = torch.complex(torch.randn(4, 2, generator=g), torch.randn(4, 2, generator=g))
+    Q = torch.complex(torch.randn(5, 2, generator=g), torch.randn(5, 2, generator=g))
+    A, Ps = scorch.as_sparse(d, "csr").requires_grad_(), P.clone().requires_grad_()
+    D, Pd = d.clone().requires_grad_(), P.clone().requires_grad_()
+    out = torch.einsum("ij,ik,jk->ij", A, Ps, Q)
+    assert isinstance(out, scorch.SparseTensor) and out.requires_grad
+    (out.to_dense().abs().sum() + (A @ A.t()).to_dense().abs().sum()).backward()
+    (torch.einsum("ij,ik,jk->ij", D, Pd, Q).abs().sum() + (D @ D.t()).abs().sum()).backward()
+    torch.testing.assert_close(Ps.grad, Pd.grad, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(A.grad.to_dense(), D.grad * (d != 0), atol=1e-4, rtol=1e-4)

@@ -144,6 +144,8 @@ def write_out(name: str, result, out, densify: bool = False):
     """``result`` written into ``out`` (see :func:`accepts_out`); returns ``out``.  With
     ``densify`` (an elementwise op), a sparse result goes into a dense ``out`` densified, and a
     SparseTensor ``out`` takes a sparse result in its own pattern (``torch.mul(A, 2, out=A)``)."""
+    if isinstance(out, SparseTensor):
+        check_write(name, out)
     if isinstance(result, tuple):
         if not isinstance(out, (tuple, list)) or len(out) != len(result):
             raise ScorchTypeError(f"{name}: out= must be a tuple of {len(result)} tensors, got {type(out).__name__}")
@@ -254,7 +256,7 @@ def torch_dispatch(func, types, args, kwargs):
         t = args[k] if k < len(args) else kwargs.get(name)
         if type(t) is SparseTensor:
             if getattr(t, "_grad_view", False):
-                _check_write(func, t)
+                check_write(func.overloadpacket.__name__, t)
             targets.append(t._values)
     out = _run(func, args, kwargs)
     if targets:   # the version autograd's saved values (and every alias's values()) carry
@@ -287,17 +289,18 @@ def _written_arguments(func) -> tuple:
                  if a.alias_info is not None and a.alias_info.is_write)
 
 
-def _check_write(func, t: SparseTensor) -> None:
+def check_write(name: str, t: SparseTensor) -> None:
     """An in-place op runs below autograd on the wrapper it writes; writing through a SparseTensor
     whose values are another tensor's that requires grad (a view: ``x.t()``, ``x.reshape(...)``,
     ``x.with_values(v)``) would change that tensor unrecorded -- refused while grad mode is on, as
-    torch refuses writes through a leaf's views (and scorch cannot rebase a base's history)."""
-    if torch.is_grad_enabled():
+    torch refuses writes through a leaf's views (and scorch cannot rebase a base's history).  The
+    aten writes check here; writes made above them (``out=``, ``apply_``) call it themselves."""
+    if getattr(t, "_grad_view", False) and torch.is_grad_enabled():
         with torch._C.DisableTorchFunctionSubclass():
             tracked = t.requires_grad
         if tracked:
             raise RuntimeError(
-                f"{func.overloadpacket.__name__}: a SparseTensor that shares its values with a tensor that requires "
+                f"{name}: a SparseTensor that shares its values with a tensor that requires "
                 "grad (a view such as x.t(), x.reshape(...), x.with_values(v)) is being used in an in-place "
                 "operation, which autograd would not record; write into the tensor itself, out of place, or "
                 "under torch.no_grad()")
@@ -530,7 +533,9 @@ def _no_data_ptr(self, *args, **kwargs):
 @implements(torch.Tensor.apply_)
 def _apply_(self, callable):
     """``fn`` on each stored value, in place (as every in-place op: the pattern stays)."""
+    check_write("apply_", self)
     self._values.apply_(callable)
+    torch.autograd.graph.increment_version((self, self._values))
     return self
 
 

@@ -888,7 +888,17 @@ def _grad_in_pattern(box, grad):
     from .ops._pattern import project, same_pattern
     if isinstance(grad, SparseTensor) and same_pattern(grad, x):
         return grad
+    if _legacy_vmap():   # (is_grads_batched: a batch of dense gradients, 0 off the pattern, taken as they are)
+        return grad
     return x._like(values=project(grad, x).to(x._values.dtype), nnz=x._stored)
+
+
+def _legacy_vmap() -> bool:
+    """Whether torch's old vmap (``torch._vmap_internals``, which ``autograd.grad(...,
+    is_grads_batched=True)`` runs) is on: its batched tensors have no data to read."""
+    level = torch._C._vmapmode_increment_nesting()
+    torch._C._vmapmode_decrement_nesting()
+    return level > 1
 
 
 def _rebuild_sparse(version, spec, shape, pos, crd, values, requires_grad, param=False, attrs=None):

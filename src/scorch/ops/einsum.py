@@ -24,7 +24,7 @@ from ..compiler.notation import parse, permutation
 from ..errors import NotSupportedError, ScorchTypeError, ScorchValueError
 from ..format import Format
 from ..interop import is_torch_sparse
-from ..tensor import SparseTensor, _mode_stack, on_cpu
+from ..tensor import SparseTensor, _legacy_vmap, _mode_stack, on_cpu
 from ..tensor import _unwrapped as _without_wrappers
 from ._pattern import in_pattern, project
 
@@ -145,7 +145,7 @@ def _complex(equation: str, operands: tuple, format, init: tuple):
         if not same_pattern(re, im):
             raise NotSupportedError(f"einsum {equation!r}: the real and imaginary parts of this complex sparse "
                                     "result came out in different patterns; compute it on x.to_dense()")
-        out = re._like(values=torch.complex(re._values, im._values), nnz=re._stored)
+        out = re.with_values(torch.complex(re.values(), im.values()))   # (differentiable, as the dense case)
         return out if not init else out + sum(init)
     out = torch.complex(re, im)
     for t in init:
@@ -478,13 +478,12 @@ def _grad_of(ein, ops, k, grad):
     t_k, out = ein.inputs[k], ein.output
     others = [(t, x) for j, (t, x) in enumerate(zip(ein.inputs, ops)) if j != k]
     x = ops[k]
-    batched = _legacy_vmap()   # autograd.grad(..., is_grads_batched=True): grad is batched by torch's old
-    if batched and isinstance(x, SparseTensor):   # vmap, whose tensors have no data for a kernel
-        raise NotSupportedError(f"einsum {ein}: is_grads_batched=True needs the gradient of a sparse operand, "
-                                "which is not supported; take the gradients one at a time")
-    # (under torch.func -- a backward vmapped by is_grads_batched -- the differentiable one has the vmap rule)
+    # autograd.grad(..., is_grads_batched=True): grad is batched by torch's old vmap, whose tensors have no
+    # data for a kernel -- the gradient densely by tensordots (a sparse operand's: dense, 0 off its pattern)
+    batched = _legacy_vmap()
+    # (under torch.func the differentiable einsum has the vmap rule)
     run = einsum if torch.is_grad_enabled() or _functorch_level() is not None else driver.einsum
-    if isinstance(x, SparseTensor):
+    if isinstance(x, SparseTensor) and not batched:
         mask = x._like(values=torch.ones_like(x._values), nnz=x._stored)
         terms = [t_k, out] + [t for t, _ in others]
         g = run(",".join(terms) + "->" + t_k, mask, grad, *[o for _, o in others])
@@ -502,14 +501,10 @@ def _grad_of(ein, ops, k, grad):
     broadcast = [d for d, n in enumerate(x.shape) if n == 1 and size[t_k[d]] != 1]
     if broadcast:
         g = g.sum(dim=broadcast, keepdim=True)
+    if isinstance(x, SparseTensor):   # (batched) read at the pattern: 1 where x stores an entry
+        check_dense_size("is_grads_batched=True gives a sparse operand a dense gradient, and", [x])
+        g = g * x._like(values=torch.ones_like(x._values), nnz=x._stored).to_dense()
     return g.to(x.dtype)
-
-
-def _legacy_vmap() -> bool:
-    """Whether torch's old vmap (``torch._vmap_internals``, which ``is_grads_batched`` runs) is on."""
-    level = torch._C._vmapmode_increment_nesting()
-    torch._C._vmapmode_decrement_nesting()
-    return level > 1
 
 
 def _batched_einsum(equation: str, grad, others):
@@ -560,9 +555,28 @@ class ViewOf(torch.autograd.Function):
     across optimizer steps)."""
 
     @staticmethod
-    def forward(ctx, x, pattern):
-        ctx.x, ctx.pattern = x, pattern
+    def forward(x, pattern):
         return pattern._like(values=x._values, nnz=pattern._stored)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):   # (the form torch.func's transforms need)
+        ctx.x, ctx.pattern = inputs
+
+    @staticmethod
+    def vmap(info, in_dims, x, pattern):
+        """Under torch.func.vmap (jacfwd, hessian, per-sample gradients) with the view's base not
+        batched -- a weight the function closes over: the view itself, unbatched."""
+        if any(d is not None for d in in_dims):
+            raise NotSupportedError("vmap over a SparseTensor that is viewed (x.t(), reshape...) is not supported; "
+                                    "vmap over the dense operands")
+        return ViewOf.apply(x, pattern), None
+
+    @staticmethod
+    def jvp(ctx, x_t, pattern_t):
+        """Forward mode: the view of the base's tangent (no tangent: none)."""
+        if x_t is None or (isinstance(x_t, SparseTensor) and not bool(x_t._values.any())):
+            return None
+        return ctx.pattern._like(values=_unwrapped(x_t)._values, nnz=ctx.pattern._stored)
 
     @staticmethod
     def backward(ctx, grad):

@@ -470,10 +470,9 @@ def dropout(input, p=0.5, training=True, inplace=False):
     if not training or p == 0:
         return input
     keep = torch.empty_like(input._values).bernoulli_(1 - p)
+    if inplace:   # an in-place product autograd records (and refuses through a view, as any write)
+        return input.mul_(input._like(values=keep / (1 - p) if p < 1 else keep * 0, nnz=input._stored))
     values = input.values() * keep / (1 - p) if p < 1 else input.values() * 0
-    if inplace:
-        input._values.copy_(values.detach())
-        return input
     return input.detach().with_values(values) if values.requires_grad else input._like(values=values, nnz=input._stored)
 
 
