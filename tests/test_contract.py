@@ -1254,3 +1254,57 @@ def test_generators_and_layers_check_seeds_sizes_and_flags():
         with pytest.raises((ValueError, TypeError), match=msg):
             call()
     assert datasets.rmat(5, 10, seed=np.int64(3)).edge_index.shape == (2, 10)
+
+
+def test_products_and_shapes_that_would_make_huge_dense_results(monkeypatch):
+    """Small sparse inputs, results sparse or refused clearly (a 100000-long vector with one entry
+    asked for 40 GB): outer products and a sparse * sparse broadcast are einsums, diagflat and
+    matrix_power stay sparse, a dense result over the limit is refused up front, and a 3-d CSR-like
+    result of a huge shape (unsqueeze(-1)) is COO rather than a position per outer coordinate."""
+    g = torch.Generator().manual_seed(0)
+    d = torch.randn(5, generator=g) * (torch.rand(5, generator=g) < 0.6)
+    v = scorch.as_sparse(d, "coo")
+    for got, want in [(torch.outer(v, v), torch.outer(d, d)), (v.unsqueeze(1) * v.unsqueeze(0), d[:, None] * d[None, :]),
+                      (torch.diagflat(v, 1), torch.diagflat(d, 1))]:
+        assert isinstance(got, scorch.SparseTensor)
+        torch.testing.assert_close(got.to_dense(), want)
+    m = torch.randn(4, 4, generator=g) * (torch.rand(4, 4, generator=g) < 0.5)
+    M = scorch.as_sparse(m, "csr")
+    for n in (0, 1, 2, 5):
+        got = torch.linalg.matrix_power(M, n)
+        assert isinstance(got, scorch.SparseTensor)
+        torch.testing.assert_close(got.to_dense(), torch.linalg.matrix_power(m, n))
+    N = 100_000
+    big = scorch.from_coo([[5]], [2.0], (N,), format="coo")
+    assert torch.outer(big, big).nnz == 1
+    S = scorch.from_coo([[0, 5], [0, 1]], [1.0, 2.0], (N, 2), format="csr")
+    with pytest.raises(NotImplementedError, match="dense result here, of 37.3 GiB"):
+        torch.cdist(S, S)
+    A = scorch.from_coo([[0, 5], [0, 5]], [1.0, 2.0], (N, N), format="csr")
+    U = A.unsqueeze(-1)
+    assert U.format == scorch.formats.preset("coo", 3) and U.nnz == 2 and tuple(U.shape) == (N, N, 1)
+
+
+def test_out_arguments_of_the_less_common_ops():
+    """out= on argmax / argmin / take / narrow_copy / nanmean (a bare TypeError), and a dense out=
+    taking a sparse result (mm, tril, kron refused it); index_reduce_ into a SparseTensor in place."""
+    x = torch.tensor([[0.0, 2.0, -1.0], [1.0, 0.0, float("nan")]])
+    y = x.nan_to_num()   # (absent entries count as 0 in products, where a dense NaN * 0 is NaN)
+    for t, f, dtype in ((y, lambda t, o: torch.argmax(t, 1, out=o), torch.int64),
+                        (y, lambda t, o: torch.argmin(t, out=o), torch.int64),
+                        (x, lambda t, o: torch.take(t, torch.tensor([1, 3]), out=o), x.dtype),
+                        (x, lambda t, o: torch.narrow_copy(t, 1, 0, 2, out=o), x.dtype),
+                        (x, lambda t, o: torch.nanmean(t, 1, out=o), x.dtype),
+                        (y, lambda t, o: torch.mm(t, t.t(), out=o), x.dtype),
+                        (x, lambda t, o: torch.tril(t, out=o), x.dtype),
+                        (y, lambda t, o: torch.kron(t, t, out=o), x.dtype)):
+        want, got = torch.empty(0, dtype=dtype), torch.empty(0, dtype=dtype)
+        f(t, want)
+        assert f(scorch.as_sparse(t, "csr"), got) is got
+        torch.testing.assert_close(got, want, equal_nan=True)
+    d = torch.tensor([[1.0, 0.0, 3.0], [0.0, 5.0, 0.0]])
+    src = torch.tensor([[7.0, 7.0, 7.0]])
+    D, S = d.clone(), scorch.as_sparse(d, "csr")
+    D.index_reduce_(0, torch.tensor([0]), src, "amax")
+    S.index_reduce_(0, torch.tensor([0]), src, "amax")
+    assert torch.equal(S.to_dense(), D)

@@ -90,8 +90,9 @@ def test_out_errors():
     A = scorch.as_sparse(X, "csr")
     with pytest.raises(ValueError, match="dtype"):
         torch.mm(A, Y, out=torch.empty(4, 3, dtype=torch.float32))
-    with pytest.raises(NotImplementedError, match="SparseTensor"):   # SpGEMM: a sparse result
-        torch.mm(A, scorch.as_sparse(Y, "csr"), out=torch.empty(4, 3, dtype=torch.float64))
+    out = torch.empty(4, 3, dtype=torch.float64)   # SpGEMM: a sparse result, written densely (as torch's)
+    assert torch.mm(A, scorch.as_sparse(Y, "csr"), out=out) is out
+    torch.testing.assert_close(out, X @ Y)
     with pytest.raises(NotImplementedError, match="SparseTensor"):
         torch.mm(A, Y, out=scorch.as_sparse(torch.zeros(4, 3, dtype=torch.float64), "csr"))
     with pytest.raises(TypeError, match="tuple"):   # (torch's argument parser says so first)

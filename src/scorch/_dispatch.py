@@ -170,8 +170,9 @@ def write_out(name: str, result, out, densify: bool = False):
         out._values.copy_(result._values)
         torch.autograd.graph.increment_version(out)
         return out
-    if densify and isinstance(result, SparseTensor):
-        result = result.to_dense()
+    if isinstance(result, SparseTensor) and type(out) is torch.Tensor and out.layout == torch.strided:
+        check_dense_size(f"{name}: out= is dense, so the result is written densely, and", [result])
+        result = result.to_dense()   # (a dense out= takes any result, as torch's)
     if isinstance(result, SparseTensor) or isinstance(out, SparseTensor):
         raise NotSupportedError(f"{name}: out= needs a dense result and a dense out tensor; here "
                                 f"{'the result' if isinstance(result, SparseTensor) else 'out'} is a SparseTensor "
@@ -385,9 +386,48 @@ def densified(func, args, kwargs):
         name = getattr(func, "__name__", None) or str(func)
         raise NotSupportedError(f"{name}: out= is a SparseTensor, but this result is computed densely; "
                                 "use the returned tensor")
-    check_dense_size(f"{_name_of(func)} is computed on the dense tensor, and", leaves(args, kwargs))
+    tensors = leaves(args, kwargs)
+    check_dense_size(f"{_name_of(func)} is computed on the dense tensor, and", tensors)
+    _check_result_size(func, args, kwargs, tensors)
     args, kwargs = _map(_to_dense, args, _is_any_sparse), _map(_to_dense, kwargs, _is_any_sparse)
     return func(*args, **kwargs)
+
+
+def _check_result_size(func, args, kwargs, tensors) -> None:
+    """Small sparse inputs can make a huge dense result (``v[:, None] * v[None, :]``, ``cdist``): a
+    result many times the size of its inputs' dense copies -- found by broadcasting for an
+    elementwise op, by running the op on meta tensors otherwise -- must fit
+    ``config.dense_fallback_max_bytes`` too."""
+    limit = config.dense_fallback_max_bytes
+    sparse = [a for a in tensors if isinstance(a, SparseTensor)]
+    if limit is None or not sparse:
+        return
+    shaped = [a for a in tensors if isinstance(a, torch.Tensor)]
+    item = max(a.element_size() if not isinstance(a, SparseTensor) else a._values.element_size() for a in shaped)
+    if hasattr(func, "tags") and torch.Tag.pointwise in func.tags:
+        try:
+            numel = math.prod(broadcast_shapes(*(tuple(a.shape) for a in shaped)))
+        except ScorchValueError:
+            return   # (torch reports the mismatch)
+        size = [numel * item]
+    else:
+        meta = lambda a: torch.empty(a.shape, dtype=a.dtype, device="meta")  # noqa: E731
+        try:
+            out = func(*_map(meta, args, _is_tensor), **_map(meta, kwargs, _is_tensor))
+        except Exception:   # (an op without a meta kernel: its inputs' check is all there is)
+            return
+        size = [o.numel() * o.element_size() for o in (out if isinstance(out, (tuple, list)) else (out,))
+                if isinstance(o, torch.Tensor)]
+    inputs = sum(a.numel() * (a._values if isinstance(a, SparseTensor) else a).element_size() for a in shaped)
+    if sum(size) > limit and sum(size) > 4 * inputs:   # (a result many times its inputs' dense copies)
+        raise NotSupportedError(
+            f"{_name_of(func)} of a SparseTensor gives a dense result here, of {sum(size) / 2**30:.1f} GiB, over "
+            f"scorch.config.dense_fallback_max_bytes = {limit / 2**30:.1f} GiB; use x.to_dense() if you mean it, "
+            "or raise the limit")
+
+
+def _is_tensor(a) -> bool:
+    return isinstance(a, torch.Tensor)
 
 
 def _name_of(func) -> str:

@@ -231,19 +231,24 @@ def check_position_array(fmt: Format, shape) -> None:
     above it -- CSR of a 10^9-row matrix: 4 GB whatever it stores -- past
     ``config.dense_fallback_max_bytes`` (a DCSR / DCSC or COO stores only what is there)."""
     from . import config
-    limit, count = config.dense_fallback_max_bytes, 1
-    if limit is None:
-        return
+    limit, count = config.dense_fallback_max_bytes, position_entries(fmt, shape)
+    if limit is not None and count > 1 << 24 and 4 * (count + 1) > limit:   # (small ones: free)
+        raise NotSupportedError(f"format {fmt} of shape {tuple(shape)}: its compressed level needs a position "
+                                f"array of {count + 1} entries, over scorch.config.dense_fallback_max_bytes "
+                                f"= {limit / 2**30:.1f} GiB; a format compressing the outer dims (dcsr, dcsc, "
+                                "coo) stores only what is there")
+
+
+def position_entries(fmt: Format, shape) -> int:
+    """The number of positions the first compressed level's ``pos`` array indexes (the product of
+    the dense levels above it): 0 when no compressed level comes first after dense ones."""
+    count = 1
     for level, size in zip(fmt.levels, fmt.level_sizes(shape)):
         if level.kind == "dense":
             count *= size
             continue
-        if level.kind == "compressed" and count > 1 << 24 and 4 * (count + 1) > limit:   # (small ones: free)
-            raise NotSupportedError(f"format {fmt} of shape {tuple(shape)}: its compressed level needs a position "
-                                    f"array of {count + 1} entries, over scorch.config.dense_fallback_max_bytes "
-                                    f"= {limit / 2**30:.1f} GiB; a format compressing the outer dims (dcsr, dcsc, "
-                                    "coo) stores only what is there")
-        return
+        return count if level.kind == "compressed" else 0
+    return 0
 
 
 def validate_storage(fmt: Format, shape, pos, crd, values, *, arg: str = "storage") -> None:

@@ -20,7 +20,7 @@ import torch
 from .._dispatch import as_torch_runs, broadcast_shapes, check_dense_size, densified, implements, write_out
 from ..compiler import driver
 from ..compiler.notation import Access, Op
-from ..errors import ScorchTypeError
+from ..errors import ScorchTypeError, ScorchValueError
 from ..interop import from_torch, is_torch_sparse
 from ..tensor import SparseTensor
 from ._pattern import _lookup, in_pattern, project, same_pattern
@@ -49,6 +49,8 @@ def binary(op: str, a, b, func, args, kwargs):
     shape = broadcast_shapes(a.shape, b.shape)
     sparse_ok = all(tuple(x.shape) == tuple(shape) for x in (a, b) if isinstance(x, SparseTensor))
     if not sparse_ok:
+        if op == "*" and isinstance(a, SparseTensor) and isinstance(b, SparseTensor):
+            return _broadcast_product(a, b, shape)
         return densified(func, args, kwargs)
     if op == "/":
         if isinstance(b, SparseTensor) or bool((b == 0).any()):
@@ -67,6 +69,31 @@ def binary(op: str, a, b, func, args, kwargs):
     if torch.is_grad_enabled() and _any_requires_grad(ops):
         return _Elementwise.apply(op, idx, *ops)
     return _evaluate(op, idx, ops)
+
+
+def _broadcast_product(a: SparseTensor, b: SparseTensor, shape: tuple):
+    """``a * b`` of SparseTensors where one broadcasts (``v[:, None] * v[None, :]``: an outer
+    product): the einsum of the two with their broadcast size-1 dims dropped -- sparse, the
+    product of the patterns, never the dense result."""
+    n, idx = len(shape), _LETTERS[:len(shape)]
+    terms, ops = [], []
+    for x in (a, b):
+        lead = n - x.dim()
+        drop = [d for d in range(x.dim()) if x.shape[d] == 1 and shape[lead + d] != 1]
+        for d in reversed(drop):
+            x = x.squeeze(d)
+        terms.append("".join(idx[lead + d] for d in range(len(drop) + x.dim()) if d not in drop))
+        ops.append(x)
+    return einsum(",".join(terms) + "->" + idx, *ops)
+
+
+@implements(torch.outer, torch.Tensor.outer, torch.ger, torch.Tensor.ger)
+def outer(input, vec2):
+    """The outer product: sparse when an operand is (an einsum; it ran densely)."""
+    if input.dim() != 1 or vec2.dim() != 1:
+        raise ScorchValueError(f"outer: expects two 1-d tensors, got shapes {tuple(input.shape)} and "
+                               f"{tuple(vec2.shape)}")
+    return einsum("i,j->ij", input, vec2)
 
 
 def _past_float64(ops) -> bool:

@@ -37,6 +37,7 @@ def _dense(out):
 
 
 @implements(torch.take, torch.Tensor.take)
+@accepts_out
 def take(input, index):
     """The elements at flat (row-major) positions ``index``, in ``index``'s shape."""
     if not isinstance(input, SparseTensor) or isinstance(index, SparseTensor):   # a sparse index: densely
@@ -156,6 +157,19 @@ def index_add(input, dim, index, source, *, alpha=1):
     if isinstance(input, SparseTensor):
         return _on_sparse_self(torch.index_add, "index_add", input, (dim, index, source), {"alpha": alpha})
     return _index_add_into(input.clone(), dim, index, source, alpha, "index_add")
+
+
+@implements(torch.Tensor.index_reduce_)
+def index_reduce_(self, dim, index, source, reduce, *, include_self=True):
+    """In place, as ``index_add_``: into a SparseTensor the positions it changes are written (its dense
+    copy computed on); into a dense tensor from a sparse source, on the source's dense copy."""
+    if isinstance(self, SparseTensor):
+        return _on_sparse_self(torch.Tensor.index_reduce_, "index_reduce_", self, (dim, index, source, reduce),
+                               {"include_self": include_self})
+    check_dense_size("index_reduce_ reads the source's dense copy, and", [source])
+    return _dense_call(torch.Tensor.index_reduce_, self, dim, index,
+                       source.to_dense() if isinstance(source, SparseTensor) else source, reduce,
+                       include_self=include_self)
 
 
 def _scatter(fn, op: str):

@@ -1,4 +1,5 @@
-"""Matrix-shaped ops on coordinates: ``diag``, ``diag_embed``, ``block_diag`` and ``rot90``.
+"""Matrix-shaped ops on coordinates: ``diag``, ``diagflat``, ``diag_embed``, ``block_diag``, ``rot90``, and
+``matrix_power`` (SpGEMMs).
 
 Each places the stored entries at new coordinates (a diagonal, a block of a bigger matrix, a
 rotation); results are sparse, in the input's format adapted to the result's dims
@@ -17,7 +18,7 @@ from .reduce import diagonal as _diagonal
 from .replicate import padded_entries
 from .shape import _dim, _int, assemble, entries, flip
 
-__all__ = ["diag", "diag_embed", "block_diag", "rot90"]
+__all__ = ["diag", "diagflat", "diag_embed", "block_diag", "matrix_power", "rot90"]
 
 _I64 = torch.int64
 
@@ -33,6 +34,44 @@ def diag(input, diagonal=0):
     if input.dim() != 1:
         raise ScorchValueError(f"diag: expects a 1-d or 2-d input, got {input.dim()}-d")
     return diag_embed(input, k, 0, 1)
+
+
+@implements(torch.diagflat, torch.Tensor.diagflat)
+def diagflat(input, offset=0):
+    """The flattened input on the ``offset``-th diagonal of a square matrix (sparse; it ran densely)."""
+    return diag_embed(input.flatten() if input.dim() != 1 else input, _int(offset, "diagflat", "offset"), 0, 1)
+
+
+@implements(torch.linalg.matrix_power, torch.matrix_power, torch.Tensor.matrix_power)
+def matrix_power(A, n):
+    """``A`` multiplied by itself ``n`` times (SpGEMMs, by squaring); ``n = 0``: the identity in
+    ``A``'s pattern's kind of format (sparse; it was a dense identity); negative ``n`` needs the
+    inverse, a dense matrix: computed densely (within the dense size limit)."""
+    from .._dispatch import densified
+    n = _int(n, "matrix_power", "n")
+    if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
+        raise ScorchValueError(f"matrix_power: expects a square matrix (or a batch of them), got shape "
+                               f"{tuple(A.shape)}")
+    if n < 0:
+        return densified(torch.linalg.matrix_power, (A, n), {})
+    if n == 0:
+        k = A.shape[-1]
+        eye = torch.arange(k)
+        lead = A.shape[:-2]
+        idx = torch.cartesian_prod(*[torch.arange(s) for s in lead], eye) if lead else eye.unsqueeze(1)
+        idx = idx.reshape(-1, len(lead) + 1).t()
+        coords = torch.cat([idx, idx[-1:]])
+        from ..interop import from_coo
+        return from_coo(coords, torch.ones(coords.shape[1], dtype=A.dtype), tuple(A.shape),
+                        format=A.format if not A.format.block else "csr")
+    out, base = None, A
+    while n:
+        if n & 1:
+            out = base if out is None else out @ base
+        n >>= 1
+        if n:
+            base = base @ base
+    return out
 
 
 @implements(torch.diag_embed, torch.Tensor.diag_embed)

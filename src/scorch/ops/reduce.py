@@ -635,12 +635,14 @@ def prod(input, dim=None, keepdim=False, *, dtype=None):
 
 
 @implements(torch.argmax, torch.Tensor.argmax)
+@accepts_out
 def argmax(input, dim=None, keepdim=False):
     """The flat index of the first largest element (``dim=None``); along a dim as torch runs it."""
     return _arg_extreme(input, dim, keepdim, "amax")
 
 
 @implements(torch.argmin, torch.Tensor.argmin)
+@accepts_out
 def argmin(input, dim=None, keepdim=False):
     return _arg_extreme(input, dim, keepdim, "amin")
 

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from .._dispatch import implements, implements_aten
+from .._dispatch import accepts_out, implements, implements_aten
 from ..errors import ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
 from .shape import _dim, _int, _one_or_many, _sizes, assemble, entries, unravel_coords
@@ -177,11 +177,10 @@ def padded_entries(t, n: int, dtype, op: str):
 
 
 @implements(torch.kron, torch.Tensor.kron)
-def kron(input, other, *, out=None):
+@accepts_out
+def kron(input, other):
     """The Kronecker product (sparse: zero wherever a sparse operand is); shapes padded with
     leading 1s to the same number of dims."""
-    if out is not None:
-        raise ScorchValueError("kron: out= is not supported with a SparseTensor operand")
     n = max(input.dim(), other.dim())
     dtype = torch.result_type(input, other)
     ca, va, sa = padded_entries(input, n, dtype, "kron")

@@ -40,10 +40,10 @@ import operator
 import torch
 
 from .. import config, convert
-from .._dispatch import check_dense_size, implements, leaves, write_out
+from .._dispatch import accepts_out, check_dense_size, implements, leaves, write_out
 from ..errors import NotSupportedError, ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..format import Format, preset
-from ..interop import as_sparse
+from ..interop import as_sparse, position_entries
 from ..tensor import SparseTensor
 from ._pattern import stored
 
@@ -79,6 +79,10 @@ def rebuild(fmt: Format, shape, coords: torch.Tensor, vals: torch.Tensor, index_
         out = torch.zeros(1, dtype=vals.dtype, device=vals.device)
         return out.index_add_(0, torch.zeros(vals.numel(), dtype=_I64), vals).reshape(())
     out_fmt = result_format(fmt, shape)
+    if position_entries(out_fmt, shape) > max(1 << 24, 64 * coords.shape[1]):
+        # CSR-like dense outer dims of a huge shape (unsqueeze(-1) of a 10^5 x 10^5 CSR: a position per outer
+        # coordinate, 10^10 of them, for the few entries there are): COO keeps only what is there
+        out_fmt = preset("coo", len(shape))
     try:
         (pos, crd), values = convert.build(out_fmt, shape, coords, vals, index_dtype)
     except ScorchValueError:  # int32 cannot hold the new shape: widen rather than fail
@@ -385,7 +389,13 @@ def select(input, dim, index):
     return getitem(input, (slice(None),) * d + (_int(index, "select", "index"),))
 
 
-@implements(torch.narrow, torch.Tensor.narrow, torch.narrow_copy, torch.Tensor.narrow_copy)
+@implements(torch.narrow_copy, torch.Tensor.narrow_copy)
+@accepts_out
+def narrow_copy(input, dim, start, length):
+    return narrow(input, dim, start, length)
+
+
+@implements(torch.narrow, torch.Tensor.narrow)
 def narrow(input, dim, start, length):
     """Positions ``start .. start+length-1`` of ``dim``."""
     d = _dim(dim, input.dim(), "narrow")
@@ -914,14 +924,16 @@ def stack(tensors, dim=0, *, out=None):
 # ================================================================ triangles
 
 @implements(torch.tril, torch.Tensor.tril)
-def tril(input, diagonal=0, *, out=None):
+@accepts_out
+def tril(input, diagonal=0):
     """The entries on and below the ``diagonal``-th diagonal of the last two dims (sparse)."""
-    return _triangle(input, diagonal, out, lower=True)
+    return _triangle(input, diagonal, lower=True)
 
 
 @implements(torch.triu, torch.Tensor.triu)
-def triu(input, diagonal=0, *, out=None):
-    return _triangle(input, diagonal, out, lower=False)
+@accepts_out
+def triu(input, diagonal=0):
+    return _triangle(input, diagonal, lower=False)
 
 
 @implements(torch.Tensor.tril_)
@@ -954,15 +966,13 @@ def _triangle_(x, diagonal, lower: bool):
     if torch.is_grad_enabled() and x.requires_grad:
         raise NotSupportedError(f"{op}: rebuilding a SparseTensor that requires grad in place is not recorded by "
                                 f"autograd; use the out-of-place {op[:-1]}")
-    x._restore(_triangle(x, diagonal, None, lower))
+    x._restore(_triangle(x, diagonal, lower))
     torch.autograd.graph.increment_version(x)
     return x
 
 
-def _triangle(x, diagonal, out, lower: bool):
+def _triangle(x, diagonal, lower: bool):
     op = "tril" if lower else "triu"
-    if out is not None:
-        raise ScorchValueError(f"{op}: out= is not supported with a SparseTensor input")
     if x.dim() < 2:
         raise ScorchValueError(f"{op}: expects at least 2 dims, got {x.dim()}-d")
     k = _int(diagonal, op, "diagonal")

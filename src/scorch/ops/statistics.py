@@ -34,6 +34,7 @@ def nansum(input, dim=None, keepdim=False, *, dtype=None):
 
 
 @implements(torch.nanmean, torch.Tensor.nanmean)
+@accepts_out
 def nanmean(input, dim=None, keepdim=False, *, dtype=None):
     """The mean of the non-NaN elements (absent entries count: they are zeros)."""
     if not (input.dtype.is_floating_point or (dtype is not None and dtype.is_floating_point)):
