@@ -484,3 +484,23 @@ def test_a_complex_sparse_result_stays_in_the_graph():
     (torch.einsum("ij,ik,jk->ij", D, Pd, Q).abs().sum() + (D @ D.t()).abs().sum()).backward()
     torch.testing.assert_close(Ps.grad, Pd.grad, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(A.grad.to_dense(), D.grad * (d != 0), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["sum", "sum(1)", "mean", "to_dense", "plus dense", "times dense"])
+def test_a_write_the_gradient_does_not_read_goes_through(case):
+    """A gradient that does not read a tensor's values (a sum's, to_dense's, + dense's; A * X's
+    gradient for A reads X only) is not stopped by a write into those values between forward and
+    backward -- as torch saves only what the backward reads (it raised "modified by an inplace op")."""
+    d = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    X = torch.tensor([[3.0, 4.0], [5.0, 6.0]])
+    f = {"sum": lambda A: A.sum(), "sum(1)": lambda A: A.sum(1).sum(), "mean": lambda A: A.mean(),
+         "to_dense": lambda A: A.to_dense().sum(), "plus dense": lambda A: (A + X).sum(),
+         "times dense": lambda A: (A * X).sum()}[case]
+    A, D = scorch.as_sparse(d, "csr").requires_grad_(), d.clone().requires_grad_()
+    ya, yd = f(A), f(D)
+    with torch.no_grad():
+        A.mul_(2)
+        D.mul_(2)
+    ya.backward()
+    yd.backward()
+    torch.testing.assert_close(A.grad.to_dense(), D.grad * (d != 0))

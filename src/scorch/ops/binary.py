@@ -24,7 +24,7 @@ from ..errors import ScorchTypeError, ScorchValueError
 from ..interop import from_torch, is_torch_sparse
 from ..tensor import SparseTensor
 from ._pattern import _lookup, in_pattern, project, same_pattern
-from .einsum import _any_requires_grad, einsum
+from .einsum import _any_requires_grad, _stand_in, einsum
 from .pointwise import refuse_bool_subtraction
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -129,12 +129,12 @@ class _Elementwise(torch.autograd.Function):
     @staticmethod
     def forward(ctx, op, idx, a, b):
         ctx.op = op
-        ctx.save_for_backward(a, b)
+        ctx.operands = (_stand_in(a), _stand_in(b))   # (+ and -: their gradients read patterns and shapes only)
         return _evaluate(op, idx, (a, b))
 
     @staticmethod
     def backward(ctx, grad):
-        a, b = ctx.saved_tensors
+        a, b = ctx.operands
         out = [None, None]
         for x, sign, need in ((a, 1, ctx.needs_input_grad[2]), (b, -1 if ctx.op == "-" else 1,
                                                                    ctx.needs_input_grad[3])):

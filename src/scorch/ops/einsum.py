@@ -408,9 +408,16 @@ class _Einsum(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         equation, format, n_init, *tensors = inputs
         ctx.equation, ctx.n_init, ctx.format, ctx.n_tensors = equation, n_init, format, len(tensors)
-        # a sparse operand's values array saved too: a write into it through values() bumps its
-        # version, not the wrapper's, and the backward would read the new values unwarned
-        ctx.save_for_backward(*tensors, *[t._values for t in tensors if type(t) is SparseTensor])
+        # Only the operands whose values a gradient reads are saved (another operand's gradient needs
+        # them): a write into the others between forward and backward changes nothing the backward reads
+        # (y = A.sum(), A updated, y.backward() raised).  The rest is kept as shape and pattern only.
+        # A saved sparse operand's values array is saved too: a write into it (through values(), a view,
+        # detach()) bumps its version, not the wrapper's, and the backward would read the new values.
+        n_ops, need = len(tensors) - n_init, ctx.needs_input_grad[3:]
+        ctx.needed = [j < n_ops and any(need[k] for k in range(n_ops) if k != j) for j in range(len(tensors))]
+        kept = [t for t, keep in zip(tensors, ctx.needed) if keep]
+        ctx.save_for_backward(*kept, *[t._values for t in kept if type(t) is SparseTensor])
+        ctx.stand_ins = [None if keep else _stand_in(t) for t, keep in zip(tensors, ctx.needed)]
         if _fwAD._current_level >= 0 or _functorch_level() is not None:   # for jvp, as they came (under
             ctx.inputs = tuple(tensors)   # torch.func a saved SparseTensor comes back wrapped); not otherwise:
             # a ctx attribute would hold them past saved-tensor hooks (activation checkpointing)
@@ -451,7 +458,8 @@ class _Einsum(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        tensors = ctx.saved_tensors[:ctx.n_tensors]
+        saved = iter(ctx.saved_tensors)
+        tensors = [next(saved) if keep else stand for keep, stand in zip(ctx.needed, ctx.stand_ins)]
         ops, init = tensors[:len(tensors) - ctx.n_init], tensors[len(tensors) - ctx.n_init:]
         ein = parse(ctx.equation, [tuple(x.shape) for x in ops])
         if any(len(set(t)) != len(t) for t in ein.inputs):
@@ -461,6 +469,14 @@ class _Einsum(torch.autograd.Function):
         grads = tuple(_grad_of(ein, ops, k, grad) if need[k] else None for k in range(len(ops)))
         grads += tuple(_sum_to(grad, t) if need[len(ops) + u] else None for u, t in enumerate(init))
         return (None, None, None) + grads
+
+
+def _stand_in(t):
+    """What a backward needs of an operand whose values it does not read: a sparse one's pattern
+    (its arrays, untracked), a dense one's shape and dtype (a meta tensor)."""
+    if type(t) is SparseTensor:
+        return t._like(nnz=t._stored)
+    return torch.empty(t.shape, dtype=t.dtype, device="meta")
 
 
 def _sum_to(grad, t):
@@ -538,12 +554,12 @@ class ToDense(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        ctx.save_for_backward(x)
+        ctx.pattern = _stand_in(x)   # (its pattern only: a later write into x's values changes nothing here)
         return x.to_dense()
 
     @staticmethod
     def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
+        x = ctx.pattern
         return in_pattern(x, project(grad, x).to(x.dtype))
 
 
