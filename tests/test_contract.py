@@ -235,6 +235,37 @@ def test_a_dataloader_batches_sparse_samples(workers):
         assert torch.equal(sparse.to_dense(), dense)
 
 
+class _GradSamples(_SparseSamples):
+    def __getitem__(self, i):
+        return scorch.as_sparse(super().__getitem__(i)[1], "csr").requires_grad_()
+
+
+def test_a_dataloader_worker_refuses_samples_that_require_grad():
+    """As torch's collate refuses them in a worker: the batch could not be sent back, and the
+    DataLoader waited forever for it."""
+    loader = torch.utils.data.DataLoader(_GradSamples(), batch_size=3, num_workers=1, timeout=60)
+    with pytest.raises(RuntimeError, match="cannot send back samples that require grad"):
+        next(iter(loader))
+    batch = next(iter(torch.utils.data.DataLoader(_GradSamples(), batch_size=3)))   # in process: as torch's
+    assert isinstance(batch, scorch.SparseTensor) and batch.requires_grad
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "bsr"])
+def test_to_torch_gives_its_own_values_and_a_format_saves(fmt, tmp_path):
+    """to_torch's values were A's own for CSR / CSC / BSR (a write into one reached the other); a
+    scorch Format saved beside a tensor loads under weights_only=True."""
+    x = torch.tensor([[0.0, 1.0, 0.0, 4.0], [2.0, 0.0, 3.0, 0.0]])
+    A = scorch.as_sparse(x, scorch.formats.bsr(1, 2) if fmt == "bsr" else fmt)
+    t = A.to_torch()
+    t.values().mul_(10)
+    assert torch.equal(A.to_dense(), x)
+    A.mul_(5)
+    assert torch.equal(t.to_dense(), 10 * x)
+    torch.save({"weight": A, "format": A.format}, tmp_path / "a.pt")
+    back = torch.load(tmp_path / "a.pt", weights_only=True)
+    assert back["format"] == A.format and torch.equal(back["weight"].to_dense(), 5 * x)
+
+
 @pytest.mark.parametrize("fmt", ["csr", "coo", "ell"])
 def test_nn_init_fills_a_sparse_weights_pattern(fmt):
     """Every nn.init function writes the stored entries only and keeps the pattern -- trunc_normal_

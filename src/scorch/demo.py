@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     print(f"\ntorch.save / torch.load round trip ({buf.getbuffer().nbytes:,} bytes): {'exact' if same else 'WRONG'}")
 
     X = torch.randn(n, args.features)
-    At = A.to_torch()  # torch.sparse CSR view of the same storage (the baseline)
+    At = A.to_torch()  # the same matrix as a torch.sparse CSR tensor (the baseline)
     ok = torch.allclose(A @ X, At @ X, atol=1e-4)  # A @ X: a generated, compiled kernel
     plan = scorch.explain("ij,jk->ik", A, X)
     print(f"\nA @ X (SpMM), loop order {' -> '.join(plan.loop_order)}, {plan.parallel}-parallel, "

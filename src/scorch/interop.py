@@ -445,7 +445,7 @@ def to_torch(A: SparseTensor) -> torch.Tensor:
     fmt, name = A.format, A.format.name or ""
     if name == "dense":
         return A.to_dense()
-    v = A.values()
+    v = A.values().clone()   # (its own values, as its own index arrays: writes into one never reach the other)
     if name in ("csr", "csc") and A.dim() == 2:
         make = torch.sparse_csr_tensor if name == "csr" else torch.sparse_csc_tensor
         return _quietly(make, A.pos(1), A.crd(1), v, A.shape)
@@ -531,8 +531,17 @@ def to_scipy(A: SparseTensor):
 
 def _collate(batch, *, collate_fn_map=None):
     """``default_collate`` of SparseTensor samples: stacked along a new first dim, a SparseTensor
-    (torch's own stacks into shared memory, which a SparseTensor does not have)."""
-    return torch.stack(list(batch), 0)
+    (torch's own stacks into shared memory, which a SparseTensor does not have).  In a worker
+    process, samples that require grad are refused as torch's collate refuses them there (the
+    batch could not be sent back: the DataLoader waited forever)."""
+    batch = list(batch)
+    if torch.utils.data.get_worker_info() is not None and torch.is_grad_enabled():
+        with torch._C.DisableTorchFunctionSubclass():
+            tracked = any(isinstance(x, torch.Tensor) and x.requires_grad for x in batch)
+        if tracked:
+            raise RuntimeError("collate: a DataLoader worker cannot send back samples that require grad (as torch's "
+                               "collate refuses them there); return them detached, or load with num_workers=0")
+    return torch.stack(batch, 0)
 
 
 def _register_collate() -> None:

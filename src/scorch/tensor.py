@@ -935,3 +935,5 @@ def _inside(fn, depth: int = 30) -> bool:
 
 
 torch.serialization.add_safe_globals([_rebuild_sparse])
+from .format import Level as _Level   # noqa: E402  (a saved Format -- {"format": A.format} -- loads too)
+torch.serialization.add_safe_globals([Format, _Level])
