@@ -1339,3 +1339,35 @@ def test_out_arguments_of_the_less_common_ops():
     D.index_reduce_(0, torch.tensor([0]), src, "amax")
     S.index_reduce_(0, torch.tensor([0]), src, "amax")
     assert torch.equal(S.to_dense(), D)
+
+
+def test_review_of_the_new_ops_and_checks():
+    """matrix_power(A, 1) is a new tensor and (A, 0) stays in the graph; outer / matrix_power take
+    out=; argmax with out= on an input that requires grad goes through (its indices do not), and
+    nanmean casts into out=; the dense-result check runs random ops on meta tensors (it drew from
+    the global generator when device= was given)."""
+    A = scorch.as_sparse(torch.tensor([[1.0, 2.0], [0.0, 3.0]]), "csr")
+    M = torch.linalg.matrix_power(A, 1)
+    M.mul_(10)
+    assert torch.equal(A.to_dense(), torch.tensor([[1.0, 2.0], [0.0, 3.0]]))
+    B = A.clone().requires_grad_()
+    E = torch.linalg.matrix_power(B, 0)
+    assert E.requires_grad
+    E.to_dense().sum().backward()
+    assert torch.equal(B.grad.to_dense(), torch.zeros(2, 2))
+    for f, want in ((lambda o: torch.linalg.matrix_power(A, 2, out=o), A.to_dense() @ A.to_dense()),
+                    (lambda o: torch.outer(A[0], A[1], out=o), torch.outer(A.to_dense()[0], A.to_dense()[1]))):
+        o = torch.empty(0)
+        assert f(o) is o and torch.equal(o, want)
+    C = scorch.as_sparse(torch.tensor([[0.0, 2.0], [1.0, 0.0]]), "csr").requires_grad_()
+    o = torch.empty(0, dtype=torch.int64)
+    torch.argmax(C, 1, out=o)
+    assert o.tolist() == [1, 0]
+    o = torch.empty(0, dtype=torch.float64)
+    torch.nanmean(A, 1, out=o)
+    torch.testing.assert_close(o, torch.tensor([1.5, 1.5], dtype=torch.float64))
+    torch.manual_seed(0)
+    got = torch.randint_like(scorch.as_sparse(torch.eye(3) * 2, "csr"), 100, device="cpu")
+    after = torch.rand(1)
+    torch.manual_seed(0)
+    assert torch.equal(got, torch.randint_like(torch.eye(3) * 2, 100, device="cpu")) and torch.equal(after, torch.rand(1))

@@ -104,14 +104,16 @@ def accepts_out(fn):
     def run(*args, out=None, **kwargs):
         if out is None:
             return fn(*args, **kwargs)
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
-                                           for a in leaves(args, kwargs)):
+        if name in _REDUCED_IN_OUT_DTYPE and isinstance(out, torch.Tensor) and kwargs.get("dtype") is None \
+                and not (name in ("mean", "nanmean") and not (out.dtype.is_floating_point or out.dtype.is_complex)):
+            kwargs = dict(kwargs, dtype=out.dtype)   # (torch sums in out='s dtype)
+        result = fn(*args, **kwargs)
+        if torch.is_grad_enabled() and any(isinstance(r, torch.Tensor) and r.requires_grad for r in
+                                           (result if isinstance(result, tuple) else (result,))):
+            # (a result that requires grad: argmax's indices do not, and go through, as torch's)
             raise ScorchValueError(f"{name}(): out= does not support automatic differentiation (as in torch), "
                                    "but an argument requires grad; call it without out= or under torch.no_grad()")
-        if name in _REDUCED_IN_OUT_DTYPE and isinstance(out, torch.Tensor) and kwargs.get("dtype") is None \
-                and not (name == "mean" and not (out.dtype.is_floating_point or out.dtype.is_complex)):
-            kwargs = dict(kwargs, dtype=out.dtype)   # (torch sums in out='s dtype)
-        return write_out(name, fn(*args, **kwargs), out)
+        return write_out(name, result, out)
     return run
 
 
@@ -134,10 +136,10 @@ _OUT_CASTS = frozenset({
     "logical_and", "logical_or", "logical_xor", "logical_not",
     "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "square", "reciprocal", "sin", "cos",
     "tan", "sinh", "cosh", "tanh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "sigmoid", "erf", "erfc",
-    "sum", "mean", "prod", "nansum", "var", "std", "logsumexp", "cumsum", "cumprod",
+    "sum", "mean", "nanmean", "prod", "nansum", "var", "std", "logsumexp", "cumsum", "cumprod",
     "cat", "concat", "concatenate", "stack", "kron", "outer"})
 # reductions torch computes in out='s dtype (a float32 sum into a float64 out sums in float64)
-_REDUCED_IN_OUT_DTYPE = frozenset({"sum", "prod", "nansum", "cumsum", "cumprod", "mean"})
+_REDUCED_IN_OUT_DTYPE = frozenset({"sum", "prod", "nansum", "cumsum", "cumprod", "mean", "nanmean"})
 
 
 def write_out(name: str, result, out, densify: bool = False):
@@ -421,8 +423,11 @@ def _check_result_size(func, args, kwargs, tensors) -> None:
         size = _RESULT_BYTES.get(key) if key is not None else None
         if size is None:
             meta = lambda a: torch.empty(a.shape, dtype=a.dtype, device="meta")  # noqa: E731
+            mkw = {k: v for k, v in kwargs.items() if k not in ("generator", "out")}   # (no CPU work, no RNG draws:
+            if "device" in mkw:                                                        # randint_like(A, device=...))
+                mkw["device"] = "meta"
             try:
-                out = func(*_map(meta, args, _is_tensor), **_map(meta, kwargs, _is_tensor))
+                out = func(*_map(meta, args, _is_tensor), **_map(meta, mkw, _is_tensor))
             except Exception:   # (an op without a meta kernel: its inputs' check is all there is)
                 return
             size = [sum(o.numel() * o.element_size() for o in (out if isinstance(out, (tuple, list)) else (out,))

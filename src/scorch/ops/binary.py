@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import torch
 
-from .._dispatch import as_torch_runs, broadcast_shapes, check_dense_size, densified, implements, write_out
+from .._dispatch import accepts_out, as_torch_runs, broadcast_shapes, check_dense_size, densified, implements, write_out
 from ..compiler import driver
 from ..compiler.notation import Access, Op
 from ..errors import ScorchTypeError, ScorchValueError
 from ..interop import from_torch, is_torch_sparse
 from ..tensor import SparseTensor
 from ._pattern import _lookup, in_pattern, project, same_pattern
-from .einsum import _any_requires_grad, _stand_in, einsum
+from .einsum import _any_requires_grad, _stand_in, _stood_in, einsum
 from .pointwise import refuse_bool_subtraction
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -88,6 +88,7 @@ def _broadcast_product(a: SparseTensor, b: SparseTensor, shape: tuple):
 
 
 @implements(torch.outer, torch.Tensor.outer, torch.ger, torch.Tensor.ger)
+@accepts_out
 def outer(input, vec2):
     """The outer product: sparse when an operand is (an einsum; it ran densely)."""
     if input.dim() != 1 or vec2.dim() != 1:
@@ -134,7 +135,7 @@ class _Elementwise(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        a, b = ctx.operands
+        a, b = map(_stood_in, ctx.operands)
         out = [None, None]
         for x, sign, need in ((a, 1, ctx.needs_input_grad[2]), (b, -1 if ctx.op == "-" else 1,
                                                                    ctx.needs_input_grad[3])):

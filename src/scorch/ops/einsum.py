@@ -459,7 +459,7 @@ class _Einsum(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         saved = iter(ctx.saved_tensors)
-        tensors = [next(saved) if keep else stand for keep, stand in zip(ctx.needed, ctx.stand_ins)]
+        tensors = [next(saved) if keep else _stood_in(stand) for keep, stand in zip(ctx.needed, ctx.stand_ins)]
         ops, init = tensors[:len(tensors) - ctx.n_init], tensors[len(tensors) - ctx.n_init:]
         ein = parse(ctx.equation, [tuple(x.shape) for x in ops])
         if any(len(set(t)) != len(t) for t in ein.inputs):
@@ -473,10 +473,29 @@ class _Einsum(torch.autograd.Function):
 
 def _stand_in(t):
     """What a backward needs of an operand whose values it does not read: a sparse one's pattern
-    (its arrays, untracked), a dense one's shape and dtype (a meta tensor)."""
+    (its index arrays; not its values, which activation checkpointing would otherwise keep alive),
+    a dense one's shape and dtype (a meta tensor).  :func:`_stood_in` gives the tensor back."""
     if type(t) is SparseTensor:
-        return t._like(nnz=t._stored)
+        return _Pattern(t._format, t._shape, t._pos, t._crd, t._stored, tuple(t._values.shape), t._values.dtype)
     return torch.empty(t.shape, dtype=t.dtype, device="meta")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pattern:
+    fmt: Format
+    shape: tuple
+    pos: tuple
+    crd: tuple
+    stored: int
+    vshape: tuple
+    dtype: torch.dtype
+
+
+def _stood_in(x):
+    """The operand a :func:`_stand_in` stands for: a pattern holds zeros (its values unread)."""
+    if isinstance(x, _Pattern):
+        return SparseTensor(x.fmt, x.shape, x.pos, x.crd, torch.zeros(x.vshape, dtype=x.dtype), nnz=x.stored)
+    return x
 
 
 def _sum_to(grad, t):
@@ -559,7 +578,7 @@ class ToDense(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        x = ctx.pattern
+        x = _stood_in(ctx.pattern)
         return in_pattern(x, project(grad, x).to(x.dtype))
 
 

@@ -43,6 +43,7 @@ def diagflat(input, offset=0):
 
 
 @implements(torch.linalg.matrix_power, torch.matrix_power, torch.Tensor.matrix_power)
+@accepts_out
 def matrix_power(A, n):
     """``A`` multiplied by itself ``n`` times (SpGEMMs, by squaring); ``n = 0``: the identity in
     ``A``'s pattern's kind of format (sparse; it was a dense identity); negative ``n`` needs the
@@ -62,8 +63,11 @@ def matrix_power(A, n):
         idx = idx.reshape(-1, len(lead) + 1).t()
         coords = torch.cat([idx, idx[-1:]])
         from ..interop import from_coo
-        return from_coo(coords, torch.ones(coords.shape[1], dtype=A.dtype), tuple(A.shape),
-                        format=A.format if not A.format.block else "csr")
+        eye = from_coo(coords, torch.ones(coords.shape[1], dtype=A.dtype), tuple(A.shape),
+                       format=A.format if not A.format.block else "csr")
+        if A._needs_grad():   # in the graph, as torch's (its gradient is zero)
+            return eye.with_values(eye._values + 0 * A.values().sum())
+        return eye
     out, base = None, A
     while n:
         if n & 1:
@@ -71,7 +75,7 @@ def matrix_power(A, n):
         n >>= 1
         if n:
             base = base @ base
-    return out
+    return A.clone() if out is A else out   # (n = 1: a new tensor, as torch's)
 
 
 @implements(torch.diag_embed, torch.Tensor.diag_embed)
