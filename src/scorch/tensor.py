@@ -633,17 +633,20 @@ class SparseTensor(torch.Tensor):
     def _keep_grad(self, view: "SparseTensor") -> "SparseTensor":
         """``view`` (this tensor's values in the same order, under another format, shape or index
         width) in the autograd graph when this tensor requires grad: its values are ours."""
-        return self._on_values_of(view) if self._needs_grad() else view
+        return self._view_in_graph(view) if self._needs_grad() else view
 
     def _on_values_of(self, pattern: "SparseTensor") -> "SparseTensor":
         """``pattern`` (of as many entries, in the same order) holding this tensor's values array: a
         view, whose writes reach this tensor; in the autograd graph when this tensor requires grad."""
         if self._needs_grad():
-            from .ops.einsum import ViewOf
-            out = ViewOf.apply(self, pattern)
-            out._grad_view = True   # writes through it would change this tensor unrecorded: refused in grad mode
-            return out
+            return self._view_in_graph(pattern)
         return pattern._like(values=self.values(), nnz=pattern._stored)
+
+    def _view_in_graph(self, pattern: "SparseTensor") -> "SparseTensor":
+        from .ops.einsum import ViewOf
+        out = ViewOf.apply(self, pattern)
+        out._grad_view = True   # writes through it would change this tensor unrecorded: refused in grad mode
+        return out
 
     def _positions(self) -> "SparseTensor":
         """This pattern holding 1, 2, ... (float64): each stored entry's position in the values

@@ -661,8 +661,11 @@ for _op in (torch.ops.aten.uniform_.default, torch.ops.aten.normal_.default, tor
 
 # ------------------------------------------------------------------ complex parts of the values
 
-def _part(x: SparseTensor, values: torch.Tensor) -> SparseTensor:
-    return x.with_values(values) if x._needs_grad() else x._like(values=values, nnz=x._stored)
+def _part(x: SparseTensor, part: str) -> SparseTensor:
+    """The pattern holding the ``part`` ("real" / "imag") of the stored values."""
+    if x._needs_grad():
+        return x.with_values(getattr(x.values(), part))
+    return x._like(values=getattr(x._values, part), nnz=x._stored)
 
 
 @implements(torch.real, torch.Tensor.real.__get__)
@@ -672,7 +675,7 @@ def real(x):
     real tensor itself.  Differentiable.  (It ran densely.)"""
     if not x.dtype.is_complex:
         return x
-    return _part(x, (x.values() if x._needs_grad() else x._values).real)
+    return _part(x, "real")
 
 
 @implements(torch.imag, torch.Tensor.imag.__get__)
@@ -680,4 +683,4 @@ def imag(x):
     """``x.imag``: as :func:`real`, the imaginary parts; a real tensor has none (as torch's)."""
     if not x.dtype.is_complex:
         raise RuntimeError("imag is not implemented for tensors with non-complex dtypes.")
-    return _part(x, (x.values() if x._needs_grad() else x._values).imag)
+    return _part(x, "imag")

@@ -28,6 +28,7 @@ from ..compiler import build, segments
 from ..convert import coords_of, sort_keys
 from ..errors import ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
+from ._pattern import stored
 from .einsum import einsum
 from .shape import ravel_coords
 
@@ -164,10 +165,10 @@ def _extreme(x, dim, keepdim, op: str):
     m = n if present is None else present.numel()
     init = torch.full((m,), _identity(vals.dtype, op), dtype=vals.dtype)
     out = init.scatter_reduce(0, key, vals, reduce=op, include_self=True)
-    stored = torch.bincount(key, minlength=m)
+    counts = torch.bincount(key, minlength=m)
     # A fibre with fewer stored entries than its length holds an implicit zero.
     zero = torch.zeros((), dtype=vals.dtype)
-    out = torch.where(stored < fibre, (torch.maximum if op == "amax" else torch.minimum)(out, zero), out)
+    out = torch.where(counts < fibre, (torch.maximum if op == "amax" else torch.minimum)(out, zero), out)
     if present is not None:  # a 10^8-row hypersparse matrix: 6.2 s and 2 GB of temporaries before
         out = torch.zeros(n, dtype=vals.dtype).index_put((present,), out)
     return _shaped(out, x, dims, keepdim)
@@ -283,7 +284,6 @@ def _norm(x: SparseTensor, ord, dim, keepdim: bool, dtype, dense_norm):
     values = x.values() if dtype is None else x.values().to(dtype)
     if dim is None:
         if x._stored != values.numel():   # (ELL's unused slots: whatever was written there is not an entry)
-            from ._pattern import stored
             values = values[stored(x)[1]]
         out = torch.linalg.vector_norm(values, ord) if values.numel() else values.new_zeros(())
         return out.reshape((1,) * x.dim()) if keepdim else out
