@@ -177,8 +177,35 @@ def test_embedding_in_a_sparse_table_matches_dense(fmt):
     m = torch.nn.Embedding(10, 4).double()
     m.weight = torch.nn.Parameter(scorch.as_sparse(W, fmt))
     assert_dense_equal(m(idx).detach(), torch.nn.functional.embedding(idx, W))
-    with pytest.raises(NotImplementedError, match="max_norm"):
-        torch.nn.functional.embedding(idx, A, max_norm=1.0)
+
+
+@pytest.mark.parametrize("bag", [None, "sum", "mean", "max"])
+@pytest.mark.parametrize("max_norm, scale", [(None, True), (1.0, False), (0.5, True)])
+def test_embedding_max_norm_and_frequency_scaling_in_a_sparse_table(bag, max_norm, scale):
+    """``max_norm`` renormalises the looked-up rows of the table in place (torch's
+    ``embedding_renorm_``) and ``scale_grad_by_freq`` divides each row's gradient by its count in
+    the batch; oracle: the dense table (torch's ``embedding_bag`` CPU backward miscounts mixed
+    counts, pytorch#190063: its bags are checked against ``embedding``'s per-index gradients)."""
+    F = torch.nn.functional
+    W = make_dense((6, 4), 0.6, 8, torch.float64)
+    W[2] = 0
+    idx = torch.tensor([[0, 1, 1, 3], [3, 3, 2, 5]])
+    A, D = scorch.as_sparse(W.clone(), "csr").requires_grad_(), W.clone().requires_grad_()
+    kw = dict(max_norm=max_norm, scale_grad_by_freq=scale)
+    if bag == "max" and scale:
+        with pytest.raises(ValueError, match="scale_grad_by_freq"):
+            F.embedding_bag(idx, A, mode="max", **kw)
+        return
+    weights = torch.linspace(-1, 2, 8, dtype=torch.float64).view(2, 4, 1)
+    rows = F.embedding(idx, D, **kw)
+    ref = rows if bag is None else getattr(rows, "amax" if bag == "max" else bag)(1)
+    out = F.embedding(idx, A, **kw) if bag is None else F.embedding_bag(idx, A, mode=bag, **kw)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(A.detach().to_dense(), D.detach() * (W != 0))   # the same rows renormalised
+    g = weights if bag is None else weights[:, 0]
+    (out * g).sum().backward()
+    (ref * g).sum().backward()
+    torch.testing.assert_close(A.grad.to_dense(), D.grad * (W != 0))
 
 
 BAGS = [dict(mode="sum"), dict(mode="mean"), dict(mode="max"), dict(mode="sum", per_sample_weights=True),

@@ -156,6 +156,34 @@ def test_sage_weighted_mean():
     torch.testing.assert_close(layer(x, adj_input("csr", w)), sage_oracle(layer, x, dense_adj(w)))
 
 
+@pytest.mark.parametrize("name", ["gcn", "sage", "gat"])
+def test_stored_zeros_and_block_padding_are_no_edges(name):
+    """An adjacency's edges are its nonzero entries, whatever its format: a BSR block's padding and
+    explicitly stored zeros (node 0's self-loop, row 6's only entries) change nothing; oracle: the
+    dense formulas on the dense adjacency."""
+    make, oracle = {"gcn": (lambda: GCNConv(5, 3), gcn_oracle), "sage": (lambda: SAGEConv(5, 3), sage_oracle),
+                    "gat": (lambda: GATConv(5, 3, heads=2), gat_oracle)}[name]
+    layer, x, A = randomize(make().double()), feats(), dense_adj(graph_weights(4))
+    want = oracle(layer, x, A)
+    coords = torch.cat([A.nonzero().t(), torch.tensor([[0, 6, 6], [0, 1, 6]])], 1)
+    with_zeros = scorch.from_coo(coords, torch.cat([A[tuple(A.nonzero().t())], torch.zeros(3, dtype=A.dtype)]),
+                                 (N, N), format="csr")
+    for adj in (scorch.as_sparse(A, scorch.formats.bsr(1, N)), with_zeros, A.to_sparse_bsr((1, N))):
+        assert adj.values().eq(0).any()
+        torch.testing.assert_close(layer(x, adj), want)
+
+
+def test_sage_row_whose_weights_sum_to_zero_averages_nothing():
+    """A node whose neighbours' weights sum to 0 has no weighted mean: its aggregate is 0, as a node
+    without neighbours (it was NaN); oracle: the root term alone."""
+    A = torch.zeros(N, N, dtype=torch.float64)
+    A[0, 1], A[0, 2], A[3, 4] = 1.0, -1.0, 2.0
+    layer, x = randomize(SAGEConv(5, 3).double()), feats()
+    out = layer(x, scorch.as_sparse(A, "csr"))
+    torch.testing.assert_close(out[0], layer.lin_l(torch.zeros(5, dtype=x.dtype)) + layer.lin_r(x[0]))
+    torch.testing.assert_close(out[3], layer.lin_l(x[4]) + layer.lin_r(x[3]))
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("heads,concat", [(1, True), (1, False), (3, True), (2, False)])
 def test_gat_matches_dense(kind, heads, concat):

@@ -206,6 +206,22 @@ def test_user_mask_matches_dense(L, as_sparse):
     torch.testing.assert_close(att.dense_reference(x, mask), want)
 
 
+def test_a_sparse_masks_stored_zeros_mask_as_absent_ones():
+    """``mask[i, j] != 0`` is what may attend: a stored zero and a BSR block's padding mask as
+    an absent entry does; oracle: the bool mask's dense attention."""
+    torch.manual_seed(5)
+    L = 8
+    mask = torch.rand(L, L) < 0.3
+    mask.fill_diagonal_(True)
+    att, x = SparseAttention(8, 2), torch.randn(2, L, 8)
+    want = dense_attention(att, x, mask)
+    coords = torch.cat([mask.nonzero().t(), (~mask).nonzero().t()[:, :5]], 1)
+    vals = torch.cat([torch.ones(int(mask.sum())), torch.zeros(5)])
+    for user in (scorch.from_coo(coords, vals, (L, L), format="csr"), scorch.as_sparse(mask.float(), scorch.formats.bsr(2, 2)),
+                 torch.sparse_coo_tensor(coords, vals, (L, L), check_invariants=True)):
+        torch.testing.assert_close(att(x, mask=user), want)
+
+
 def test_user_mask_with_empty_row_gives_zero_attention():
     mask = torch.eye(8, dtype=torch.bool)
     mask[3, 3] = False

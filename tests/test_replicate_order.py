@@ -216,6 +216,18 @@ def test_replicating_ops_are_differentiable(name):
     assert torch.autograd.gradcheck(lambda v: REPLICATING[name](A.with_values(v)).to_dense(), (v,))
 
 
+@pytest.mark.parametrize("op", [lambda ts: torch.cat(ts, 1), lambda ts: torch.stack(ts, 0), torch.hstack,
+                                torch.vstack, torch.column_stack, torch.dstack])
+def test_joining_a_dense_operand_gives_its_zeros_gradients_too(op):
+    """cat / stack of a SparseTensor and a dense tensor that requires grad: the dense operand's
+    zeros are entries with a gradient (they got none: the recommender's zero-initialised biases
+    never trained); oracle: gradcheck of the dense operand."""
+    A = scorch.as_sparse(rnd(3, 2, seed=3), "csr")
+    y = torch.tensor([[0.0, 2.0], [1.0, 0.0], [0.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda y: op([A, y]).to_dense(), (y,))
+    torch.testing.assert_close(op([A, y]).to_dense(), op([A.to_dense(), y]))
+
+
 def test_kron_gradient_reaches_a_dense_operand():
     A = scorch.as_sparse(rnd(3, 4, seed=2), "csr")
     y = torch.tensor([[0.0, 2.0], [1.0, 0.0]], dtype=torch.float64, requires_grad=True)

@@ -168,6 +168,42 @@ def test_sparsity_builder_keeps_tied_weights_tied_and_checks_names():
         SparsityBuilder(emb.weight)
 
 
+def test_a_shared_parameter_or_module_takes_one_spec_under_any_of_its_names():
+    """A tied parameter set under two names with different specs is refused naming both (the
+    second was silently ignored); a module registered twice is addressable by either name and
+    sparsified once at every use; a sparsifier's error names the parameter."""
+    a, b = nn.Linear(8, 8), nn.Linear(8, 8)
+    b.weight = a.weight
+    model = nn.Sequential(a, nn.ReLU(), b)
+    sb = SparsityBuilder(model)
+    sb.set_weight("0.weight", ScalarFractionSparsifier(0.5), "csr")
+    sb.set_weight("2.weight", ScalarFractionSparsifier(0.5), "csr")      # the same spec: fine
+    with pytest.raises(ValueError, match="'2.weight' is the same parameter as '0.weight'"):
+        sb.set_weight("2.weight", ScalarFractionSparsifier(0.9), "csc")
+    s = scorch.schedule.create_schedule(model)
+    s["0.weight"].sparsify(ScalarFractionSparsifier(0.5)).set_format("csr")
+    s["2.weight"].sparsify(ScalarFractionSparsifier(0.9)).set_format("csc")
+    with pytest.raises(ValueError, match="same parameter"):
+        s.build()
+    lin = nn.Linear(4, 4)
+    twice = nn.Sequential(lin, nn.ReLU(), lin)
+    s = scorch.schedule.create_schedule(twice)
+    s["2"].sparsify(ScalarThresholdSparsifier(0.3))
+    x = torch.randn(3, 4)
+    h = lin(x)
+    h = h * (h.abs() >= 0.3)
+    h = lin(torch.relu(h))
+    torch.testing.assert_close(s.build()(x).to_dense(), h * (h.abs() >= 0.3))
+    sb = SparsityBuilder(twice)
+    sb.set_interm("0", ScalarThresholdSparsifier(0.3))
+    with pytest.raises(ValueError, match="'2' is the same submodule as '0'"):
+        sb.set_interm("2", ScalarThresholdSparsifier(0.5))
+    sb = SparsityBuilder(nn.Sequential(nn.Linear(8, 8), nn.Linear(6, 8)))
+    sb.set_weight("1.weight", PerBlockNMSparsifier(2, 4))
+    with pytest.raises(ValueError, match="parameter '1.weight': PerBlockNMSparsifier"):
+        sb.get_sparse_model()
+
+
 def test_a_block_size_that_does_not_divide_is_refused_naming_the_tensor():
     """A blocked out_format is checked against the parameter's shape when set_weight is called (a
     schedule's build names the parameter too), and against a submodule's output on the call."""

@@ -139,7 +139,7 @@ class Schedule:
     def __getitem__(self, name: str) -> TensorSchedule:
         if name not in self._entries:
             params = dict(self.model.named_parameters(remove_duplicate=False))
-            modules = {k: m for k, m in self.model.named_modules() if k}
+            modules = {k: m for k, m in self.model.named_modules(remove_duplicate=False) if k}
             if name in params:
                 self._entries[name] = TensorSchedule(name, params[name].dim())
             elif name in modules:

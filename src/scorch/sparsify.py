@@ -185,6 +185,20 @@ class PerBlockNMSparsifier(Sparsifier):
         return keep.view(w.shape)
 
 
+def _one_spec(method: str, kind: str, specs: dict, objects: dict, name: str, spec, ndim) -> None:
+    """Refuse a spec for ``name`` that differs from one set under another name of the same object
+    (a tied parameter, a module registered twice): the object gets one."""
+    (sparsifier, fmt) = spec
+    for other, (prev, prev_fmt) in specs.items():
+        if other == name or objects[other] is not objects[name]:
+            continue
+        same = prev is sparsifier or (type(prev) is type(sparsifier) and vars(prev) == vars(sparsifier))
+        if not (same and (prev_fmt == fmt if ndim is None else resolve(prev_fmt, ndim) == resolve(fmt, ndim))):
+            raise ScorchValueError(f"SparsityBuilder.{method}: {name!r} is the same {kind} as {other!r}, set "
+                                   "already with another sparsifier or format; a shared "
+                                   f"{kind} takes one (set it under one name)")
+
+
 class SparsityBuilder:
     """Rewrites chosen parameters of a model into sparse ones (STen's ``SparsityBuilder``)::
 
@@ -220,18 +234,22 @@ class SparsityBuilder:
         if fmt.block and any(n % b for n, b in zip(shape, fmt.block)):
             raise ScorchValueError(f"SparsityBuilder.set_weight: out_format {fmt} for {name!r}: its block size "
                                    f"{fmt.block} does not divide the parameter's shape {shape}")
+        _one_spec("set_weight", "parameter", self._weights, params, name, (sparsifier, out_format), len(shape))
         self._weights[name] = (sparsifier, out_format)
 
     def set_interm(self, name: str, sparsifier: Sparsifier, out_format="csr") -> None:
-        """Make the output of submodule ``name`` (as ``model.named_modules()`` spells it) sparse on
+        """Make the output of submodule ``name`` (as ``model.named_modules()`` spells it; a module
+        registered under several names is one module, sparsified at its every use) sparse on
         every forward: the entries ``sparsifier`` keeps of that call's output, in ``out_format``
         (a name adapts to the output's dims) -- dynamic sparsity; gradients pass back at the kept
         entries.  The next modules take the SparseTensor (scorch's ops)."""
-        modules = dict(self.model.named_modules())
+        modules = dict(self.model.named_modules(remove_duplicate=False))
         if name not in modules or name == "":
             raise ScorchValueError(f"SparsityBuilder.set_interm: the model has no submodule {name!r}"
                                    f"{did_you_mean(name, [m for m in modules if m])}")
-        self._interms[name] = (_checked("set_interm", sparsifier, out_format), out_format)
+        spec = (_checked("set_interm", sparsifier, out_format), out_format)
+        _one_spec("set_interm", "submodule", self._interms, modules, name, spec, None)
+        self._interms[name] = spec
 
     def get_sparse_model(self) -> nn.Module:
         """A deep copy of the model with every parameter named in :meth:`set_weight` sparse."""
@@ -246,13 +264,20 @@ class SparsityBuilder:
             old = params[name]
             if isinstance(old, SparseTensor):
                 continue   # a tied parameter set under another name too
-            new = nn.Parameter(sparsifier(old.detach(), fmt), requires_grad=old.requires_grad)
+            try:
+                new = nn.Parameter(sparsifier(old.detach(), fmt), requires_grad=old.requires_grad)
+            except ScorchValueError as e:
+                raise ScorchValueError(f"SparsityBuilder: parameter {name!r}: {e}") from e
             for module, attr in owners[id(old)]:
                 setattr(module, attr, new)
             for key in [k for k, p in params.items() if p is old]:
                 params[key] = new
+        hooked = set()   # a module registered under several names: one hook, on its every use
         for name, (sparsifier, fmt) in self._interms.items():
-            model.get_submodule(name).register_forward_hook(_SparsifyOutput(name, sparsifier, fmt))
+            module = model.get_submodule(name)
+            if id(module) not in hooked:
+                hooked.add(id(module))
+                module.register_forward_hook(_SparsifyOutput(name, sparsifier, fmt))
         return model
 
 

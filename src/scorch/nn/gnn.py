@@ -12,7 +12,9 @@ column ``j`` the neighbour it reads, so ``out = A_hat @ h``.  An ``edge_index``
 lists ``(source, target)`` pairs, i.e. it holds ``(j, i)``: ``A[i, j]`` is set
 for each column ``edge_index[:, e] = (j, i)``.  Edge values of a sparse input are
 used as edge weights by GCN and SAGE (weights that require grad get gradients through the
-normalisation; a cached layer rebuilds for them); GAT uses only the pattern.
+normalisation; a cached layer rebuilds for them); GAT uses only the pattern.  The edges are the
+nonzero entries, whatever the format: a stored zero (a BSR block's padding) is no edge -- but
+learned weights keep every stored entry (an edge whose weight is 0 now has a gradient).
 """
 
 from __future__ import annotations
@@ -37,12 +39,22 @@ __all__ = ["GATConv", "GCNConv", "SAGEConv", "gcn_norm"]
 
 # ---------------------------------------------------------------- adjacency inputs -> (row, col, weight)
 
-def _edges(adj, num_nodes: int, layer: str):
-    """``(row, col, weight)`` of the stored entries of ``adj`` (row = aggregating node);
-    ``weight`` is None for an ``edge_index``.  Raises naming expected vs actual shapes."""
+def _edges(adj, num_nodes: int, layer: str, pattern_only: bool = False):
+    """``(row, col, weight)`` of the edges of ``adj`` (row = aggregating node): its nonzero
+    entries -- a stored zero (a block format's padding, say) is no edge, whatever the format --
+    or, for learned weights (which require grad) that are read (not ``pattern_only``), every
+    stored entry; ``weight`` is None for an ``edge_index``.  Raises naming expected vs actual shapes."""
+    row, col, w = _stored_edges(adj, num_nodes, layer, pattern_only)
+    if w is None or (w.requires_grad and not pattern_only):
+        return row, col, w
+    keep = w != 0
+    return (row, col, w) if bool(keep.all()) else (row[keep], col[keep], w[keep])
+
+
+def _stored_edges(adj, num_nodes: int, layer: str, pattern_only: bool):
     if isinstance(adj, SparseTensor) or is_sparse(adj):
         _check_square(adj.shape, num_nodes, layer)
-        learned = _learned(adj)   # edge weights that require grad: the normalisation stays in the graph
+        learned = _learned(adj) and not pattern_only   # learned weights: the normalisation stays in the graph
         if isinstance(adj, SparseTensor):
             if learned:
                 adj = adj if adj._format == _CSR2 else adj.asformat("csr")
@@ -132,7 +144,8 @@ def _mean_adj(adj, n: int, dtype) -> SparseTensor:
     row, col, w = _edges(adj, n, "SAGEConv")
     w = torch.ones(row.numel(), dtype=dtype) if w is None else w.to(dtype)
     deg = torch.zeros(n, dtype=dtype).index_add_(0, row, w)
-    return _csr(row, col, w / deg[row], n)
+    inv = deg.reciprocal().masked_fill(deg == 0, 0)   # weights summing to 0: no mean (0, as no neighbours)
+    return _csr(row, col, w * inv[row], n)
 
 
 def _gat_pattern(adj, n: int, add_self_loops: bool, heads: int, dtype):
@@ -140,7 +153,7 @@ def _gat_pattern(adj, n: int, add_self_loops: bool, heads: int, dtype):
     ``n x n x heads`` tensor of levels (dense, compressed, dense) -- CSR with one value per head
     at each stored entry, so all heads' scores are one tensor, one softmax and one SpMM; an
     ``n x n`` CSR for one head -- and the coordinates of its stored entries, in storage order."""
-    row, col, _ = _edges(adj, n, "GATConv")
+    row, col, _ = _edges(adj, n, "GATConv", pattern_only=True)
     keys = row * n + col   # the entries' linear keys: sorted and distinct make storage order
     if add_self_loops:   # key r * n + c is on the diagonal iff it is a multiple of n + 1
         keys = torch.cat([keys[keys % (n + 1) != 0], torch.arange(n, dtype=keys.dtype) * (n + 1)])

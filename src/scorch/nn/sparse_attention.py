@@ -83,7 +83,8 @@ def bigbird_pattern(L: int, window: int, global_tokens: int = 0, random_blocks: 
 
 def _mask_pattern(mask, L: int):
     """``(row, col)`` of a user mask: a boolean ``L x L`` tensor or a 2-d SparseTensor /
-    ``torch.sparse`` tensor (its stored entries)."""
+    ``torch.sparse`` tensor (its nonzero entries: a stored zero, a block format's padding say,
+    masks as an absent one does)."""
     if not isinstance(mask, torch.Tensor):
         raise ScorchTypeError(f"SparseAttention: mask must be a bool tensor or a sparse tensor, got "
                               f"{type(mask).__name__}")
@@ -91,10 +92,12 @@ def _mask_pattern(mask, L: int):
         raise ScorchValueError(f"SparseAttention: mask must have shape (L, L) = ({L}, {L}) for x with "
                                f"sequence length {L}, got {tuple(mask.shape)}")
     if isinstance(mask, SparseTensor):
-        coords, _ = convert.coords_of(mask._format, mask._shape, mask._pos, mask._crd, mask._values)
+        coords, vals = convert.coords_of(mask._format, mask._shape, mask._pos, mask._crd, mask._values.detach())
+        coords = coords[:, vals != 0]
         return _unique_pairs(coords[0].long(), coords[1].long(), L)
     if is_sparse(mask):
-        idx = mask.detach().to_sparse_coo().coalesce().indices()
+        coo = mask.detach().to_sparse_coo().coalesce()
+        idx = coo.indices()[:, coo.values() != 0]
         return idx[0], idx[1]
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         raise ScorchTypeError(f"SparseAttention: a dense mask must be a torch.bool tensor, "

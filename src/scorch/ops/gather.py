@@ -199,18 +199,36 @@ for _name in ("scatter", "scatter_add", "scatter_reduce"):
 
 # ---------------------------------------------------------------- embedding lookups in a sparse table
 
-def _table_rows(input, weight, max_norm, scale_grad_by_freq, op: str):
+def _table_rows(input, weight, max_norm, norm_type, scale_grad_by_freq, op: str):
     """``(index, rows)``: the checked index and the table's rows it looks up, one per index entry,
     densified (never the whole table); differentiable w.r.t. the stored values."""
     if not isinstance(weight, SparseTensor) or isinstance(input, SparseTensor):
         raise ScorchTypeError(f"{op}: a SparseTensor is only supported as the weight (the table)")
     if weight.dim() != 2:
         raise ScorchValueError(f"{op}: weight must be 2-d (num_embeddings, dim), got {weight.dim()}-d")
-    if max_norm is not None or scale_grad_by_freq:
-        raise NotSupportedError(f"{op}: max_norm (renormalises the table in place) and scale_grad_by_freq "
-                                "are not supported with a SparseTensor table")
     index = _integer(input, op)
-    return index, _dense(weight.index_select(0, index.reshape(-1)))
+    flat = index.reshape(-1)
+    if max_norm is not None:
+        _renorm_rows(weight, flat, max_norm, norm_type)
+    rows = _dense(weight.index_select(0, flat))
+    if scale_grad_by_freq and rows.requires_grad:   # each row's gradient over its count in the batch
+        uniq, inverse, counts = torch.unique(flat, return_inverse=True, return_counts=True)
+        scale = (1 / counts.to(rows.dtype))[inverse].unsqueeze(1)
+        rows.register_hook(lambda g: g * scale)
+    return index, rows
+
+
+def _renorm_rows(weight: SparseTensor, flat: torch.Tensor, max_norm, norm_type) -> None:
+    """torch's ``embedding_renorm_``, in place and untracked: each looked-up row whose
+    ``norm_type``-norm exceeds ``max_norm`` is scaled to ``max_norm / (norm + 1e-7)`` of itself."""
+    with torch.no_grad():
+        uniq = torch.unique(flat)
+        norms = torch.linalg.vector_norm(_dense(weight.index_select(0, uniq)).double(), norm_type, dim=1)
+        big = norms > max_norm
+        if bool(big.any()):
+            scale = torch.ones(weight.shape[0], 1, dtype=torch.float64)
+            scale[uniq[big], 0] = max_norm / (norms[big] + 1e-7)
+            weight.mul_(scale.to(weight.dtype))
 
 
 @implements(torch.nn.functional.embedding)
@@ -219,7 +237,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
     """``F.embedding`` with a SparseTensor table (a pruned ``nn.Embedding``): the looked-up rows
     only, densified -- a dense result of ``input.shape + (dim,)`` as torch's, never the whole
     table -- differentiable w.r.t. the stored values; ``padding_idx``'s rows get no gradient."""
-    index, rows = _table_rows(input, weight, max_norm, scale_grad_by_freq, "embedding")
+    index, rows = _table_rows(input, weight, max_norm, norm_type, scale_grad_by_freq, "embedding")
     out = rows.reshape(*index.shape, weight.shape[1])
     if padding_idx is not None and out.requires_grad:
         pad = padding_idx + weight.shape[0] if padding_idx < 0 else padding_idx
@@ -233,7 +251,10 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
     """``F.embedding_bag`` with a SparseTensor table: the looked-up rows densified (one per index,
     as torch reads them from a dense table), then torch's own bag reduction over them -- its
     modes, offsets and per-sample weights, unchanged; differentiable w.r.t. the stored values."""
-    index, rows = _table_rows(input, weight, max_norm, scale_grad_by_freq, "embedding_bag")
+    if scale_grad_by_freq and mode == "max":
+        raise ScorchValueError("embedding_bag: max mode does not support scaling the gradient by the frequency "
+                               "(scale_grad_by_freq=True), as torch's")
+    index, rows = _table_rows(input, weight, max_norm, norm_type, scale_grad_by_freq, "embedding_bag")
     flat = index.reshape(-1)
     # the rows as a table of their own, one per position (a padding position: a zero row after them)
     local = torch.arange(flat.numel()).reshape(index.shape)

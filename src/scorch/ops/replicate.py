@@ -19,7 +19,7 @@ import torch
 from .._dispatch import accepts_out, implements, implements_aten
 from ..errors import ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
-from .shape import _dim, _int, _one_or_many, _sizes, assemble, entries, unravel_coords
+from .shape import _dim, _int, _one_or_many, _sizes, assemble, dense_entries, entries, unravel_coords
 
 __all__ = ["repeat", "tile", "expand", "expand_as", "broadcast_to", "repeat_interleave", "kron"]
 
@@ -164,12 +164,7 @@ def padded_entries(t, n: int, dtype, op: str):
         coords, ids = entries(t)
         vals = t.values()[ids]
     elif isinstance(t, torch.Tensor):
-        flat = t.reshape(-1)
-        every = t.requires_grad and torch.is_grad_enabled()
-        lin = torch.arange(flat.numel()) if every else torch.nonzero(flat).reshape(-1)
-        coords = torch.stack(unravel_coords(lin, list(t.shape))) if t.dim() \
-            else torch.zeros((0, lin.numel()), dtype=_I64)
-        vals = flat[lin]
+        coords, vals = dense_entries(t)
     else:
         raise ScorchTypeError(f"{op}: expected tensors, got {type(t).__name__}")
     coords = torch.cat([torch.zeros((n - t.dim(), coords.shape[1]), dtype=_I64), coords])

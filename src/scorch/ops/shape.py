@@ -837,8 +837,16 @@ def _entries(t, arg: str):
         raise ScorchTypeError(f"{arg} must be a tensor, got {type(t).__name__}")
     if t.layout != torch.strided:
         return as_sparse(t, "coo").coo()
-    coords = t.nonzero().t()
-    return coords, t[tuple(coords)] if coords.shape[1] else t.new_zeros(0)
+    return dense_entries(t)
+
+
+def dense_entries(t: torch.Tensor):
+    """``(coords, values)`` of a dense tensor's nonzeros -- of every element when it needs a
+    gradient (a zero's gradient is not zero); values differentiable."""
+    lin = torch.arange(t.numel()) if t.requires_grad and torch.is_grad_enabled() \
+        else torch.nonzero(t.reshape(-1)).reshape(-1)
+    coords = torch.stack(unravel_coords(lin, list(t.shape))) if t.dim() else torch.zeros((0, lin.numel()), dtype=_I64)
+    return coords, t.reshape(-1)[lin]
 
 
 def _sequence(tensors, op: str) -> list:
@@ -919,6 +927,30 @@ def stack(tensors, dim=0, *, out=None):
     shape = ref[:d] + (len(tensors),) + ref[d:]
     vals = torch.cat(vals)
     return assemble(fmt, shape, torch.cat(coords, 1), torch.arange(vals.numel()), vals, index_dtype)
+
+
+def _joined(name: str, atleast, dim):
+    """torch's ``hstack`` / ``vstack`` / ``dstack`` / ``column_stack``: a :func:`cat` of the tensors
+    made at least n-d -- here, not below autograd, so a dense operand that requires grad joins
+    with every element (its zeros' gradients) and keeps a dense gradient."""
+    def run(tensors, *, out=None):
+        if out is not None:
+            return write_out(name, run(tensors), out, densify=True)
+        tensors = [atleast(t) for t in _sequence(tensors, name)]
+        return cat(tensors, dim(tensors))
+    run.__name__ = name
+    return run
+
+
+def _column(t):
+    return t.reshape(t.numel(), 1) if t.dim() <= 1 else t
+
+
+for _names, _atleast, _dim_of in (((torch.hstack,), torch.atleast_1d, lambda ts: 0 if ts[0].dim() == 1 else 1),
+                                  ((torch.vstack, torch.row_stack), torch.atleast_2d, lambda ts: 0),
+                                  ((torch.dstack,), torch.atleast_3d, lambda ts: 2),
+                                  ((torch.column_stack,), _column, lambda ts: 1)):
+    implements(*_names)(_joined(_names[0].__name__, _atleast, _dim_of))
 
 
 # ================================================================ triangles
