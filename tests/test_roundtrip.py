@@ -976,3 +976,67 @@ def test_to_dense_by_the_copy_kernel_random_format(case):
     with copy_kernel_always():
         for _ in range(2):   # a signature's first call takes the coordinates' path
             assert_dense_equal(A.to_dense(), x)
+
+
+# ====================================================================== 6. foreign arrays, checked
+
+def _malformed():
+    coo = torch.sparse_coo_tensor(torch.tensor([[0, 1], [0, 10**9]]), torch.ones(2), (4, 4), check_invariants=False)
+    csr = torch.sparse_csr_tensor(torch.tensor([0, 1, 2, 3, 4]), torch.tensor([0, 10**9, 2, 3]), torch.ones(4),
+                                  (4, 4), check_invariants=False)
+    return coo, csr
+
+
+@pytest.mark.parametrize("call", [
+    lambda A, X, coo, csr: torch.cdist(A, coo), lambda A, X, coo, csr: torch.addmm(csr, A, X),
+    lambda A, X, coo, csr: torch.nn.functional.linear(X, A, coo), lambda A, X, coo, csr: A.index_add(0, torch.tensor([0]), coo),
+    lambda A, X, coo, csr: torch.polar(A, coo), lambda A, X, coo, csr: torch.addmm(input=csr, mat1=A, mat2=X),
+    lambda A, X, coo, csr: torch.linalg.solve(A, coo)])
+def test_a_malformed_torch_sparse_operand_beside_a_sparse_tensor_is_refused(call):
+    """torch's kernels trust a torch.sparse tensor's indices (built with check_invariants=False,
+    they may point anywhere: the process died); beside a SparseTensor they are checked first."""
+    A, X = scorch.as_sparse(torch.eye(4), "csr"), torch.randn(4, 4)
+    with pytest.raises(ValueError, match="out of range|must lie in"):
+        call(A, X, *_malformed())
+
+
+def test_values_sharing_memory_with_an_index_array_are_refused(tmp_path):
+    """Values that are an index array (a crafted file, a view) would let a write into the values
+    (an optimizer step) rewrite the pattern; refused wherever storage comes in."""
+    crow, col = torch.arange(5, dtype=torch.int32), torch.arange(4, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"values share memory with crd\[1\]"):
+        SparseTensor.from_levels("csr", (4, 4), [None, crow], [None, col], col)
+    with pytest.raises(ValueError, match="share memory"):
+        scorch.as_sparse(torch.sparse_csr_tensor(crow, col, col.view(torch.float32), (4, 4)))
+    A = SparseTensor.from_levels("csr", (4, 4), [None, crow], [None, col], col.clone())
+    torch.testing.assert_close(A.to_dense(), torch.diag(torch.arange(4, dtype=torch.int32)))
+
+
+def test_a_pattern_rewritten_by_its_owner_is_read_afresh():
+    """A torch CSR taken without a copy and then rewritten in place by its owner (to another valid
+    pattern): the per-entry data kept with its positions is rebuilt (a stale copy crashed SpMV)."""
+    import warnings
+    warnings.simplefilter("ignore")
+    g = torch.Generator().manual_seed(0)
+    D1 = torch.rand(300, 300, generator=g) * (torch.rand(300, 300, generator=g) < 0.05)
+    D2 = D1.flip(0).t().contiguous()
+    t1, t2 = (torch.sparse_csr_tensor(d.to_sparse_csr().crow_indices().int(), d.to_sparse_csr().col_indices().int(),
+                                      d.to_sparse_csr().values(), d.shape) for d in (D1, D2))
+    assert t1.values().numel() == t2.values().numel()   # (a copy_ needs the same count)
+    A = scorch.as_sparse(t1)
+    v = torch.randn(300)
+    torch.testing.assert_close(A @ v, D1 @ v)
+    t1.copy_(t2)
+    torch.testing.assert_close(A @ v, D2 @ v)
+
+
+def test_a_scipy_matrix_with_spare_capacity_keeps_only_its_entries():
+    """scipy allows index / data arrays longer than indptr[-1] (capacity); the tail is no entry (it
+    was read into rows taken from uninitialised memory); oracle: scipy's own toarray."""
+    sp = pytest.importorskip("scipy.sparse")
+    for make in (sp.csr_array, sp.csc_array):
+        m = make((np.array([1., 2, 3]), np.array([0, 2, 1]), np.array([0, 1, 3, 3])), shape=(3, 3))
+        m.indices, m.data = np.concatenate([m.indices, [1, 1]]), np.concatenate([m.data, [7., 7.]])
+        A = scorch.as_sparse(m, "csr")
+        assert A.nnz == 3
+        torch.testing.assert_close(A.to_dense(), torch.from_numpy(m.toarray()))

@@ -21,6 +21,7 @@ import torch
 
 from . import config
 from .errors import NotSupportedError, ScorchTypeError, ScorchValueError
+from .interop import check_foreign, check_torch_sparse
 from .tensor import SparseTensor
 
 _FUNCTIONS: dict[Callable, Callable] = {}
@@ -193,6 +194,9 @@ def write_out(name: str, result, out, densify: bool = False):
 
 
 def torch_function(func, types, args, kwargs):
+    check_foreign(args)   # a torch.sparse tensor beside a SparseTensor: validated before anything reads it
+    if kwargs:
+        check_foreign(kwargs.values())
     impl = _FUNCTIONS.get(func)
     if impl is not None:
         if kwargs and not _TORCH_NAMES.isdisjoint(kwargs):
@@ -454,6 +458,8 @@ def _name_of(func) -> str:
 
 
 def _to_dense(a) -> torch.Tensor:
+    if type(a) is not SparseTensor:
+        check_torch_sparse(a)
     return a.to_dense()
 
 

@@ -48,14 +48,20 @@ def _counts_to_pos(parents: torch.Tensor, npos: int) -> torch.Tensor:
 def _derived(pos: torch.Tensor, name: str, make):
     """``make(pos)``, computed once per ``pos`` tensor and kept on it (as attribute ``name``),
     so it lives exactly as long as ``pos``: a pattern's ``pos`` is shared by every tensor with
-    that pattern (an SDDMM's result, the softmax of it, ...) and never changes.  An attribute,
-    not a dict keyed by ``id(pos)``: a cached kernel call reads two of these (0.25 -> 0.1 us each)."""
+    that pattern (an SDDMM's result, the softmax of it, ...).  Kept with ``pos``'s version: scorch
+    never writes a pattern, but one taken without a copy (a torch CSR's ``crow_indices``) may be
+    rewritten by its owner (``t.copy_(t2)``), and a stale one sent kernels past their arrays.  An
+    attribute, not a dict keyed by ``id(pos)``: a cached kernel call reads two of these (0.25 -> 0.1
+    us each)."""
     try:
-        return getattr(pos, name)
+        version, value = getattr(pos, name)
+        if version == pos._version:
+            return value
     except AttributeError:
-        value = make(pos)
-        setattr(pos, name, value)
-        return value
+        pass
+    value = make(pos)
+    setattr(pos, name, (pos._version, value))
+    return value
 
 
 def _parents(pos):

@@ -111,6 +111,34 @@ def from_torch(x: torch.Tensor) -> SparseTensor:
     return as_sparse(x, fmt, index_dtype=width)
 
 
+def check_torch_sparse(x: torch.Tensor, arg: str = "torch sparse tensor") -> None:
+    """Refuse a ``torch.sparse`` tensor whose index arrays (built with ``check_invariants=False``,
+    they may be anything) point outside it, before torch's own kernels read them: they trust
+    them, and corrupt memory."""
+    if x.layout == torch.sparse_coo:
+        idx = x._indices()
+        if idx.shape[0] != x.sparse_dim() or idx.shape[1] != x._values().shape[0]:
+            raise ScorchValueError(f"{arg}: indices of shape {tuple(idx.shape)} do not match its "
+                                   f"{x.sparse_dim()} sparse dims and {x._values().shape[0]} values")
+        _check_coords(idx, tuple(x.shape[:x.sparse_dim()]), arg)
+    elif x.layout in _TORCH_SPARSE:
+        _check_torch_compressed(x)
+
+
+def check_foreign(args) -> None:
+    """:func:`check_torch_sparse` on every ``torch.sparse`` tensor among ``args`` (top level, lists,
+    tuples): what an op beside a SparseTensor may hand to torch."""
+    for a in args:
+        t = type(a)
+        if t is SparseTensor:
+            continue
+        if t is list or t is tuple:
+            check_foreign(a)
+        elif (t is torch.Tensor or (isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor))) \
+                and a.layout is not torch.strided:
+            check_torch_sparse(a)
+
+
 def torch_sparse_as_ours(args: tuple, kwargs: dict):
     """``(args, kwargs)`` with every ``torch.sparse`` tensor among them (top level, lists, tuples)
     a SparseTensor (:func:`from_torch`): what ops taking a SparseTensor beside it compute with."""
@@ -318,6 +346,14 @@ def validate_storage(fmt: Format, shape, pos, crd, values, *, arg: str = "storag
             npos = c.numel()
     if values.dim() != 1 or values.numel() != npos:
         raise ScorchValueError(f"{arg}: values must be 1-d with {npos} entries, got shape {tuple(values.shape)}")
+    if values.numel():   # a write into the values (an optimizer step) must not rewrite an index array
+        mem = values.untyped_storage().data_ptr()
+        for name, arrays in (("pos", pos), ("crd", crd)):
+            k = next((k for k, a in enumerate(arrays) if a is not None and a.numel()
+                      and a.untyped_storage().data_ptr() == mem), None)
+            if k is not None:
+                raise ScorchValueError(f"{arg}: values share memory with {name}[{k}] (the level's index array); "
+                                       "pass a copy of one of them")
 
 
 def _check_range(c, lo, hi, where):
@@ -492,6 +528,9 @@ def _check_scipy(x) -> None:
 
 def _from_scipy(x, format, index_dtype) -> SparseTensor:
     _check_scipy(x)
+    if getattr(x, "format", "") in ("csr", "csc", "bsr") and np.asarray(x.indices).shape[0] > int(x.indptr[-1]):
+        x = x.copy()
+        x.prune()   # spare capacity past indptr[-1] is no entry (tocoo kept it, in rows from uninitialised memory)
     coo = x.tocoo()
     coords = getattr(coo, "coords", None) or (coo.row, coo.col)
     idx = torch.from_numpy(np.stack([np.asarray(c, dtype=np.int64) for c in coords]))
