@@ -504,3 +504,91 @@ def test_a_write_the_gradient_does_not_read_goes_through(case):
     ya.backward()
     yd.backward()
     torch.testing.assert_close(A.grad.to_dense(), D.grad * (d != 0))
+
+
+# ================================================================ forward mode and torch's tracers
+
+def _fw_case():
+    D = torch.tensor([[1., 0, 2], [0, 3, 0], [4, 0, 5]], dtype=torch.float64)
+    T = torch.tensor([[1., 0, -1], [0, 2, 0], [1, 0, 3]], dtype=torch.float64)
+    return D, T, scorch.as_sparse(D, "csr"), scorch.as_sparse(T, "csr"), torch.randn(3, 2, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name", ["to_dense", "t", "values", "clone", "norm", "asformat"])
+def test_forward_mode_tangents_pass_the_structure_ops(name):
+    """A dual SparseTensor (``fwAD.make_dual(A, T)``) keeps its tangent through to_dense, t(),
+    values(), clone, norm and asformat (they dropped it: a zero derivative, silently); oracle:
+    the same forward-mode computation on the dense tensors."""
+    import torch.autograd.forward_ad as fwAD
+    D, Tn, A, T, x = _fw_case()
+    ops = {"to_dense": lambda M: M.to_dense() if isinstance(M, scorch.SparseTensor) else M,
+           "t": lambda M: M.t() @ x, "norm": lambda M: M.norm(),
+           "values": lambda M: M.values() if isinstance(M, scorch.SparseTensor) else M[M != 0],
+           "clone": lambda M: M.clone() @ x, "asformat": lambda M: (M.asformat("coo") if isinstance(M, scorch.SparseTensor) else M) @ x}
+    with fwAD.dual_level():
+        got = fwAD.unpack_dual(ops[name](fwAD.make_dual(A, T))).tangent
+        want = fwAD.unpack_dual(ops[name](fwAD.make_dual(D, Tn))).tangent
+    got = got.to_dense() if isinstance(got, scorch.SparseTensor) else got
+    torch.testing.assert_close(got, want)
+
+
+def test_torch_func_through_the_values_of_a_sparse_tensor():
+    """torch.func.jvp / vjp / grad of ``v -> A.with_values(v) @ x`` (jvp gave a zero tangent,
+    vjp and grad raised); oracle: the dense matrix holding ``v`` at A's positions."""
+    D, _, A, _, x = _fw_case()
+    mask = D != 0
+    v = A.values().clone()
+    f = lambda vv: A.with_values(vv) @ x   # noqa: E731
+    dense = lambda vv: torch.zeros(3, 3, dtype=vv.dtype).masked_scatter(mask, vv) @ x   # noqa: E731
+    t = torch.linspace(-1, 1, v.numel(), dtype=v.dtype)
+    torch.testing.assert_close(torch.func.jvp(f, (v,), (t,))[1], torch.func.jvp(dense, (v,), (t,))[1])
+    g = torch.randn(3, 2, dtype=v.dtype)
+    torch.testing.assert_close(torch.func.vjp(f, v)[1](g)[0], torch.func.vjp(dense, v)[1](g)[0])
+    torch.testing.assert_close(torch.func.grad(lambda vv: f(vv).sum())(v), torch.func.grad(lambda vv: dense(vv).sum())(v))
+    with pytest.raises(NotImplementedError, match="vmap over"):
+        torch.func.jacfwd(f)(v)
+
+
+def test_torch_func_over_dense_inputs_with_sparse_tensors_built_inside():
+    """from_coo inside torch.func.grad (a GCN layer builds its adjacency on every call) and vmap of
+    ``A + y`` / ``A / y`` over a batch of dense ``y`` (they reached the kernels with wrapped tensors:
+    internal errors); oracle: the dense computations."""
+    from scorch.nn import GCNConv
+    torch.manual_seed(0)
+    ei, x = torch.randint(0, 8, (2, 20)), torch.randn(8, 6)
+    conv = GCNConv(6, 4)
+    xr = x.clone().requires_grad_()
+    conv(xr, ei).pow(2).sum().backward()
+    torch.testing.assert_close(torch.func.grad(lambda xx: conv(xx, ei).pow(2).sum())(x), xr.grad)
+    W = torch.zeros(8, 8).index_put_((ei[0], ei[1]), torch.ones(20), accumulate=True)
+    g = torch.func.grad(lambda xx: (scorch.from_coo(ei, torch.ones(20), (8, 8), format="csr") @ xx).pow(2).sum())(x)
+    torch.testing.assert_close(g, torch.func.grad(lambda xx: (W @ xx).pow(2).sum())(x))
+    D, _, A, _, _ = _fw_case()
+    y = torch.rand(4, 3, 3, dtype=torch.float64) + 1
+    for op in (torch.add, torch.sub, torch.div):
+        torch.testing.assert_close(torch.func.vmap(lambda yy: op(A, yy))(y), op(D, y))
+
+
+def test_tracers_that_cannot_see_a_kernel_are_refused():
+    """make_fx and torch.jit.trace record a kernel's output buffer as an uninitialised tensor (the
+    kernel writes through a pointer): refused with a clear error instead of a wrong graph."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    _, _, A, _, x = _fw_case()
+    with pytest.raises(NotImplementedError, match="tracing mode"):
+        make_fx(lambda y: A @ y)(x)
+    with pytest.raises(NotImplementedError, match="jit.trace"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # (the tracer's own warnings on the shapes read as ints)
+        torch.jit.trace(lambda y: A @ y, (x,))
+    torch.testing.assert_close(A @ x, A.to_dense() @ x)   # eager after a refused trace
+
+
+def test_make_dual_of_a_huge_sparse_tensor_does_not_densify():
+    """make_dual's size checks on a SparseTensor compare shapes (they densified both: 26.8 GiB)."""
+    import torch.autograd.forward_ad as fwAD
+    n = 60000
+    idx = torch.stack([torch.arange(1000) * 7, torch.arange(1000) * 11])
+    A = scorch.from_coo(idx, torch.rand(1000), (n, n), format="csr")
+    x = torch.rand(n, 2)
+    with fwAD.dual_level():
+        out = fwAD.make_dual(A, A) @ x
+        torch.testing.assert_close(fwAD.unpack_dual(out).tangent, A @ x)

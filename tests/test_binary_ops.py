@@ -413,3 +413,68 @@ def test_bool_add_and_mul_are_or_and_and(fmt):
         assert got.dtype == torch.bool and torch.equal(got, want)
     with pytest.raises(ValueError, match="with a bool tensor is not supported"):
         B - C
+
+
+# ================================================================ dtypes and rounding as torch's
+
+def test_division_by_a_dense_tensor_rounds_and_types_as_torch():
+    """sparse / dense without zeros divides the stored values (it multiplied by 1 / b: a second
+    rounding, float32 precision for float64, float32 results for float16); oracle: dense torch."""
+    cases = [(torch.tensor([[49, 0, 7]], dtype=torch.int32), torch.tensor([[7, 3, 7]], dtype=torch.int32)),
+             (torch.tensor([[1.0, 0, 3.0]], dtype=torch.float16), torch.tensor([[3, 7, 3]])),
+             (torch.tensor([[1.0, 0, 10.0]], dtype=torch.float64), torch.tensor([[3, 7, 3]])),
+             (torch.tensor([[1.0, 0, 1000.0]]), torch.tensor([[3., 3., 3.]], dtype=torch.float16)),
+             (torch.tensor([[1.0, 0, 7.0]]), torch.tensor(3.0, dtype=torch.float64)),
+             (rnd(20, 30, seed=3).float(), rnd(20, 30, density=1.0, seed=4).float().add(0.5))]
+    for a, b in cases:
+        out = scorch.as_sparse(a, "csr") / b
+        assert isinstance(out, scorch.SparseTensor) and out.dtype == (a / b).dtype
+        assert torch.equal(out.to_dense(), a / b)
+
+
+def test_number_over_a_sparse_tensor_is_torchs_reciprocal_times_the_number():
+    x = torch.tensor([[3., 0., 6.]], dtype=torch.float16)
+    S = scorch.as_sparse(x, "csr")
+    for number in (65520, -1e-8, 2):
+        torch.testing.assert_close(number / S, number / x, equal_nan=True)
+
+
+def test_alpha_scales_in_the_result_dtype():
+    """``add(a, b, alpha=2)`` with an int8 ``b``: torch scales after promoting (it wrapped in int8)."""
+    a = torch.tensor([[1., 0., 2.]])
+    b = torch.tensor([[100, 0, -100]], dtype=torch.int8)
+    for x, y in ((scorch.as_sparse(a, "csr"), b), (a, scorch.as_sparse(b, "csr")),
+                 (scorch.as_sparse(a, "csr"), scorch.as_sparse(b, "coo"))):
+        torch.testing.assert_close(dense(torch.add(x, y, alpha=2)), torch.add(a, b, alpha=2))
+        torch.testing.assert_close(dense(torch.sub(x, y, alpha=3)), torch.sub(a, b, alpha=3))
+
+
+def test_int64_past_2_53_with_a_bool_operand_is_exact():
+    a = torch.tensor([[2**60 + 1, 0, 3]])
+    m = torch.tensor([[True, True, False]])
+    A = scorch.as_sparse(a, "csr")
+    assert torch.equal(dense(A * m), a * m) and torch.equal(dense(A + m), a + m)
+    assert torch.equal(dense(A + scorch.as_sparse(m, "csr")), a + m)
+
+
+def test_complex_sums_and_products_with_a_real_or_complex_operand():
+    """sparse +- dense / sparse of another pattern with complex values, and a real SparseTensor
+    times / plus a complex dense tensor (they raised); oracle: dense torch."""
+    g = torch.Generator().manual_seed(5)
+    z = torch.complex(rnd(4, 5, seed=1), rnd(4, 5, seed=2)).to(torch.complex64)
+    w = torch.complex(rnd(4, 5, seed=3), torch.zeros(4, 5, dtype=torch.float64)).to(torch.complex64)
+    r = rnd(4, 5, seed=6).float()
+    x = torch.randn(4, 5, dtype=torch.complex64, generator=g)
+    Z, W, R = scorch.as_sparse(z, "csr"), scorch.as_sparse(w, "coo"), scorch.as_sparse(r, "csr")
+    for got, want in ((Z + x, z + x), (Z - W, z - w), (Z + W, z + w), (R * x, r * x), (R + x, r + x),
+                      (x - R, x - r), (Z + R, z + r)):
+        torch.testing.assert_close(dense(got), want)
+        assert dense(got).dtype == want.dtype
+
+
+def test_addcmul_with_another_pattern_computes_in_the_promoted_dtype():
+    x = torch.tensor([[1.0, 0.0, 2.0]])
+    t = torch.tensor([[100, 50, 0]], dtype=torch.int8)
+    X = scorch.as_sparse(x, "csr")
+    X.addcmul_(scorch.as_sparse(t, "csr"), scorch.as_sparse(t, "csr"))
+    torch.testing.assert_close(X.to_dense(), x.clone().addcmul_(t, t))

@@ -623,6 +623,18 @@ def _aten_clone(x, memory_format=None):
     return x.clone()
 
 
+@implements_aten(torch.ops.aten.is_same_size.default)
+def _aten_is_same_size(a, b):   # (fwAD.make_dual's check: it densified both)
+    return tuple(a.shape) == tuple(b.shape)
+
+
+@implements_aten(torch.ops.aten._has_same_storage_numel.default)
+def _aten_same_storage_numel(a, b):
+    """make_dual's check that a tangent can stand for its primal: a SparseTensor beside a tensor of
+    its shape (a wrapper's storage is its arrays; the tangent's pattern may differ)."""
+    return tuple(a.shape) == tuple(b.shape)
+
+
 @implements_aten(torch.ops.aten._to_copy.default)
 def _aten_to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
                   memory_format=None):

@@ -16,7 +16,7 @@ import torch
 from . import convert
 from .errors import NotSupportedError, ScorchTypeError, ScorchValueError
 from .format import Format, bsc_format, bsr_format, resolve
-from .tensor import SparseTensor, check_cpu_values, cpu_entry
+from .tensor import SparseTensor, _batched, _unwrapped, check_cpu_values, cpu_entry
 
 __all__ = ["as_sparse", "from_coo", "is_sparse", "to_torch", "to_scipy", "validate_storage"]
 
@@ -186,10 +186,17 @@ def from_coo(indices, values, shape=None, format="coo", *, index_dtype=None) -> 
     if idx.shape[0] != len(shape):
         raise ScorchValueError(
             f"from_coo: indices has {idx.shape[0]} rows, expected one per dim of shape {shape} ({len(shape)})")
+    raw = vals.detach()
+    if torch._C._functorch.maybe_current_level() is not None:   # inside a torch.func transform: the arrays
+        if _batched(idx) or _batched(raw):                         # its wrappers hold (their storage: numpy, kernels)
+            raise NotSupportedError("torch.func.vmap over from_coo's indices or values (a batch of sparse tensors) "
+                                    "is not supported: batch the dense operands of its products, or loop")
+        idx, raw = _unwrapped(idx), _unwrapped(raw)
     _check_coords(idx, shape, "indices")
     fmt = resolve(format, len(shape))
     _check_blocks(fmt, shape)
-    (pos, crd), out = convert.build(fmt, shape, idx.to(torch.int64), vals.detach().contiguous(), index_dtype)
+    with torch._C._DisableFuncTorch():   # (tensors made inside a transform are wrapped too)
+        (pos, crd), out = convert.build(fmt, shape, idx.to(torch.int64), raw.contiguous(), index_dtype)
     result = SparseTensor(fmt, shape, pos, crd, out)
     return _in_graph(result, idx, vals) if _tracked(vals) else result
 

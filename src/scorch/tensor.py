@@ -17,6 +17,7 @@ import functools
 import math
 import numbers
 import operator
+import threading
 
 import torch
 
@@ -235,11 +236,13 @@ class SparseTensor(torch.Tensor):
 
     def _needs_grad(self) -> bool:
         """``requires_grad`` with grad mode on, read without torch's __torch_function__ round
-        trip (2 us a read on a SparseTensor)."""
-        if not torch.is_grad_enabled():
-            return False
+        trip (2 us a read on a SparseTensor) -- or a forward-mode tangent on this tensor
+        (``fwAD.make_dual(A, T)``): the ops then take their autograd Functions, whose ``jvp``
+        rules carry it (the direct paths compute on the arrays and dropped it)."""
         with torch._C.DisableTorchFunctionSubclass():
-            return self.requires_grad
+            if torch.is_grad_enabled() and self.requires_grad:
+                return True
+        return _FORWARD_AD._current_level >= 0 and _has_tangent(self)
 
     def values(self) -> torch.Tensor:
         """The stored values (1-d, shares memory with the tensor: writes into it are the tensor's;
@@ -257,8 +260,9 @@ class SparseTensor(torch.Tensor):
             raise ScorchValueError(f"with_values: values must be a tensor of shape {tuple(self._values.shape)}, "
                                    f"got {getattr(values, 'shape', type(values).__name__)}")
         check_cpu_values(values, "with_values")
-        if values.requires_grad and torch.is_grad_enabled():
-            from .ops.einsum import FromValues
+        if (values.requires_grad and torch.is_grad_enabled()) or (
+                torch._C._functorch.maybe_current_level() is not None and _layers_deep(values)):
+            from .ops.einsum import FromValues   # (torch.func: values it wraps have their tangents there)
             out = FromValues.apply(self.detach(), values)
             # values that are a leaf's or a view's (x.t() holds x.values()): writes through out would change
             # them unrecorded -- refused in grad mode (_dispatch); fresh values (a clone's) are out's own
@@ -293,6 +297,11 @@ class SparseTensor(torch.Tensor):
             from .ops.einsum import ToDense
             out = ToDense.apply(self)
             return out if dtype is None else out.to(dtype)
+        if _FORWARD_AD._current_level >= 0 and _above_autograd():   # values with a tangent: both parts
+            primal, tangent = _FORWARD_AD.unpack_dual(self._values)
+            if tangent is not None:
+                dense = [self._like(values=v, nnz=self._stored).to_dense(dtype) for v in (primal, tangent)]
+                return _FORWARD_AD.make_dual(*dense)
         out = self._dense_by_kernel()
         if out is None:
             out = convert.to_dense(self._format, self._shape, self._pos, self._crd, self._values)
@@ -797,6 +806,12 @@ def _layers(t: torch.Tensor):
         yield t
 
 
+def _layers_deep(t: torch.Tensor) -> bool:
+    """Whether torch.func wraps ``t`` (its transforms track it)."""
+    f = torch._C._functorch
+    return f.is_gradtrackingtensor(t) or f.is_batchedtensor(t) or f.is_functionaltensor(t)
+
+
 def _unwrapped(t: torch.Tensor) -> torch.Tensor:
     """``t`` without torch.func's wrappers (a SparseTensor's arrays: differentiating or batching
     through a SparseTensor's own values is not supported under torch.func; its products with
@@ -827,6 +842,27 @@ def check_cpu_values(values, arg: str) -> None:
 
 
 _mode_stack = torch._C._len_torch_function_stack   # 0 unless a torch-function mode is on (~30 ns)
+import torch.autograd.forward_ad as _FORWARD_AD  # noqa: E402
+_UNPACKING = threading.local()
+
+
+def _above_autograd() -> bool:
+    """Not inside a dispatch handler (below autograd: its ADInplaceOrView key excluded --
+    torch's ``unpack_dual`` must not run there)."""
+    return not torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.ADInplaceOrView)
+
+
+def _has_tangent(x: SparseTensor) -> bool:
+    """Whether ``x`` carries a forward-mode tangent (torch's ``unpack_dual`` reaches scorch's
+    dispatch, whose view handling asks this again: not while it runs)."""
+    if getattr(_UNPACKING, "on", False) or not _above_autograd():
+        return False
+    _UNPACKING.on = True
+    try:
+        with torch._C.DisableTorchFunctionSubclass():
+            return _FORWARD_AD.unpack_dual(x).tangent is not None
+    finally:
+        _UNPACKING.on = False
 
 
 def on_cpu(fn, *args, **kwargs):

@@ -78,8 +78,30 @@ def num_threads() -> int:
 def threads_for(work: int) -> int:
     """Threads for a kernel whose loop nest does about ``work`` inner iterations: one below
     ``config.parallel_min_work`` (waking a sleeping OpenMP thread costs more than it saves on
-    small problems), else ``num_threads()``."""
+    small problems), else ``num_threads()``.  Every kernel call asks this first, so it also
+    refuses a call a tracer would record wrongly (:func:`check_untraced`)."""
+    if _dispatch_modes() or _jit_tracing():
+        check_untraced()
     return 1 if work < config.parallel_min_work else max(1, num_threads())
+
+
+_dispatch_modes = torch._C._len_torch_dispatch_stack   # (~30 ns each: on every kernel call)
+_jit_tracing = torch._C._is_tracing
+_TRACING_MODES = (torch._C._TorchDispatchModeKey.PROXY, torch._C._TorchDispatchModeKey.FAKE,
+                  torch._C._TorchDispatchModeKey.FUNCTIONAL)
+
+
+def check_untraced() -> None:
+    """Refuse to run a kernel under ``torch.jit.trace`` or a tracing dispatch mode (``make_fx``,
+    ``torch.export``, FakeTensorMode): a kernel writes its result through a raw pointer, which the
+    trace cannot see -- it would record an uninitialised buffer as the result."""
+    if _jit_tracing():
+        raise NotSupportedError("torch.jit.trace cannot record scorch's kernels (they write through raw "
+                                "pointers): trace the dense parts only, or run eagerly")
+    if any(torch._C._get_dispatch_mode(k) is not None for k in _TRACING_MODES):
+        raise NotSupportedError("scorch's kernels cannot run under a tracing mode (make_fx, torch.export, "
+                                "FakeTensorMode): they write through raw pointers, which the trace cannot "
+                                "see; trace the dense parts only, or run eagerly")
 
 
 def clear_cache() -> None:

@@ -24,7 +24,8 @@ from ..errors import ScorchTypeError, ScorchValueError
 from ..interop import from_torch, is_torch_sparse
 from ..tensor import SparseTensor
 from ._pattern import _lookup, in_pattern, project, same_pattern
-from .einsum import _any_requires_grad, _stand_in, _stood_in, einsum
+from ..tensor import _layers_deep
+from .einsum import _any_requires_grad, _functorch_level, _stand_in, _stood_in, einsum
 from .pointwise import refuse_bool_subtraction
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -52,10 +53,15 @@ def binary(op: str, a, b, func, args, kwargs):
         if op == "*" and isinstance(a, SparseTensor) and isinstance(b, SparseTensor):
             return _broadcast_product(a, b, shape)
         return densified(func, args, kwargs)
+    if op != "*" and _functorch_level() is not None and any(
+            isinstance(x, torch.Tensor) and not isinstance(x, SparseTensor) and _layers_deep(x) for x in (a, b)):
+        return densified(func, args, kwargs)   # a dense operand torch.func tracks (vmap's batch): torch's op
     if op == "/":
         if isinstance(b, SparseTensor) or bool((b == 0).any()):
             return densified(func, args, kwargs)  # x/0 at absent entries: the result is dense
-        return binary("*", a, b.reciprocal(), torch.mul, (a, b.reciprocal()), {})
+        return _divided(a, b, shape)
+    if any(_dtype(x).is_complex for x in (a, b)) and op in "+-":
+        return _complex_sum(op, a, b, func)
     both_bool = _dtype(a) == torch.bool and _dtype(b) == torch.bool
     if op in "+*" and both_bool:   # torch's bool + / *: or / and (- with a bool operand: refused by _op),
         u8 = (a.to(torch.uint8), b.to(torch.uint8))                        # as 0 / 1 integers (no overflow)
@@ -69,6 +75,33 @@ def binary(op: str, a, b, func, args, kwargs):
     if torch.is_grad_enabled() and _any_requires_grad(ops):
         return _Elementwise.apply(op, idx, *ops)
     return _evaluate(op, idx, ops)
+
+
+def _divided(a: SparseTensor, b: torch.Tensor, shape: tuple) -> SparseTensor:
+    """``a / b`` by a dense ``b`` without zeros: ``a``'s pattern holding its values divided by ``b``
+    read at their positions (0 / b elsewhere is 0), in torch's dtype and rounding (a product with
+    ``1 / b`` rounded twice)."""
+    dtype = _result_dtype(a, b)
+    dtype = dtype if dtype.is_floating_point or dtype.is_complex else torch.get_default_dtype()
+    at = project(b.expand(shape), a)
+    return a.with_values(torch.div(a.values().to(dtype), at.to(dtype)))
+
+
+def _complex_sum(op: str, a, b, func):
+    """``a +- b`` with a complex operand (the kernels compute real values): the real and the imaginary
+    parts each (a real operand's imaginary part: zeros in its pattern, so both parts have the
+    same one), then joined."""
+    def parts(x):
+        if _dtype(x).is_complex:
+            return x.real, x.imag
+        zero = x.with_values(torch.zeros_like(x.values())) if isinstance(x, SparseTensor) else torch.zeros_like(x)
+        return x, zero
+    (ar, ai), (br, bi) = parts(a), parts(b)
+    re, im = binary(op, ar, br, func, (ar, br), {}), binary(op, ai, bi, func, (ai, bi), {})
+    if isinstance(re, SparseTensor) and isinstance(im, SparseTensor):
+        return re.with_values(torch.complex(re.values(), im.values()))
+    return torch.complex(re.to_dense() if isinstance(re, SparseTensor) else re,
+                         im.to_dense() if isinstance(im, SparseTensor) else im)
 
 
 def _broadcast_product(a: SparseTensor, b: SparseTensor, shape: tuple):
@@ -99,7 +132,7 @@ def outer(input, vec2):
 
 def _past_float64(ops) -> bool:
     """Integer operands whose ``+ - *`` could pass 2^53, where the kernels' float64 rounds."""
-    if any(x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool for x in ops):
+    if any(x.dtype.is_floating_point or x.dtype.is_complex for x in ops):   # (bool: an integer 0 / 1 here)
         return False
     return driver.value_bound(ops) > 2 ** 53
 
@@ -179,8 +212,10 @@ def _scaled(b, alpha, dtype: torch.dtype, name: str):
     if isinstance(alpha, bool) and dtype != torch.bool:
         raise ScorchTypeError(f"{name}: a boolean alpha is only supported for bool results, got alpha={alpha!r} "
                               f"for a {dtype} result")
+    if isinstance(b, torch.Tensor):   # in the result's dtype first: an int8 b times 2 wrapped before promoting
+        return (b.to(dtype) * alpha).to(dtype)   # (a bool b times 2: bool, as torch's add)
     scaled = b * alpha
-    return scaled.to(dtype) if isinstance(scaled, torch.Tensor) and scaled.dtype != dtype else scaled
+    return bool(scaled) if dtype == torch.bool else scaled
 
 
 for _sym, _func, _names in (("+", torch.add, ("add",)), ("-", torch.sub, ("sub", "subtract")),
@@ -189,7 +224,15 @@ for _sym, _func, _names in (("+", torch.add, ("add",)), ("-", torch.sub, ("sub",
     implements(*[getattr(torch, n) for n in _names], *[getattr(torch.Tensor, n) for n in _names])(_impl)
     _dunder = {"+": "add", "-": "sub", "*": "mul", "/": "truediv"}[_sym]
     implements(getattr(torch.Tensor, f"__{_dunder}__"))(lambda a, b, _i=_impl: _i(a, b))
-    implements(getattr(torch.Tensor, f"__r{_dunder}__"))(lambda a, b, _i=_impl: _i(b, a))  # b (op) a
+    if _sym != "/":
+        implements(getattr(torch.Tensor, f"__r{_dunder}__"))(lambda a, b, _i=_impl: _i(b, a))  # b (op) a
+
+
+@implements(torch.Tensor.__rtruediv__)
+def _rtruediv(a, b):
+    """``b / a`` for a number ``b``: torch's ``a.reciprocal() * b`` (a float16 ``a`` under 65520 / a:
+    the number is not rounded to ``a``'s dtype first; dense: 1 / 0 at the absent entries)."""
+    return torch.reciprocal(a) * b
 
 
 @implements(torch.equal, torch.Tensor.equal)

@@ -24,7 +24,7 @@ from ..compiler.notation import parse, permutation
 from ..errors import NotSupportedError, ScorchTypeError, ScorchValueError
 from ..format import Format
 from ..interop import is_torch_sparse
-from ..tensor import SparseTensor, _legacy_vmap, _mode_stack, on_cpu
+from ..tensor import SparseTensor, _above_autograd, _legacy_vmap, _mode_stack, on_cpu
 from ..tensor import _unwrapped as _without_wrappers
 from ._pattern import in_pattern, project
 
@@ -105,8 +105,8 @@ def _einsum(equation: str, operands, format, init):
             operands = _broadcast_sparse(equation, operands)
             key = driver._signature(equation, format, operands, init)
             break
-    for x in operands:   # (a loop, as above)
-        if type(x) is SparseTensor and x._values.dtype.is_complex:
+    for x in operands:   # (a loop, as above): complex values, of a sparse operand or a dense one beside it
+        if (x._values.dtype if type(x) is SparseTensor else getattr(x, "dtype", torch.float32)).is_complex:
             return _complex(equation, operands, format, init)
     if _dense_path(equation, operands, format, key):
         dense = [x.to_dense() if isinstance(x, SparseTensor) else x for x in driver._operands(operands)]
@@ -114,8 +114,8 @@ def _einsum(equation: str, operands, format, init):
         out = torch.einsum(equation, *[x.to(common) for x in dense])   # (scorch's kernels promote: so here)
         return out + sum(init) if init else out
     tensors = operands + init
-    if _fwAD._current_level >= 0 and any(type(x) is SparseTensor and _fwAD.unpack_dual(x._values).tangent
-                                         is not None for x in operands):
+    if _fwAD._current_level >= 0 and _above_autograd() and any(
+            type(x) is SparseTensor and _fwAD.unpack_dual(x._values).tangent is not None for x in operands):
         return _dual_values(equation, operands, format, init)
     if (torch.is_grad_enabled() and _any_requires_grad(tensors)) or _functorch_level() is not None \
             or (_fwAD._current_level >= 0 and _dual(tensors)):   # (torch.func transforms: the Function's rules)
@@ -201,7 +201,8 @@ def _tangent_sum(run, equation: str, format, ops: tuple, tangents):
 
 def _dual(tensors) -> bool:
     """Whether a forward-mode AD level is on and some operand carries a tangent (a dual tensor)."""
-    return any(isinstance(x, torch.Tensor) and _fwAD.unpack_dual(x).tangent is not None for x in tensors)
+    return _above_autograd() and any(isinstance(x, torch.Tensor) and _fwAD.unpack_dual(x).tangent is not None
+                                     for x in tensors)
 
 
 def _cached(equation: str, operands: tuple):
@@ -581,6 +582,11 @@ class ToDense(torch.autograd.Function):
         x = _stood_in(ctx.pattern)
         return in_pattern(x, project(grad, x).to(x.dtype))
 
+    @staticmethod
+    def jvp(ctx, x_t):
+        """Forward mode: the tangent densified."""
+        return _unwrapped(x_t).to_dense() if isinstance(x_t, SparseTensor) else x_t
+
 
 class ViewOf(torch.autograd.Function):
     """``pattern`` holding ``x``'s values array itself (the same entries in the same order: a view
@@ -622,13 +628,33 @@ class FromValues(torch.autograd.Function):
     """``x.with_values(v)``: the pattern of ``x`` holding ``v``, differentiable w.r.t. ``v``."""
 
     @staticmethod
-    def forward(ctx, x, values):
-        ctx.pattern = x
+    def forward(x, values):
         return x._like(values=values, nnz=x._stored)
 
     @staticmethod
+    def setup_context(ctx, inputs, output):   # (the form torch.func's transforms need)
+        ctx.pattern = inputs[0]
+
+    @staticmethod
+    def vmap(info, in_dims, x, values):
+        """Under torch.func.vmap with the values not batched: the tensor itself, unbatched; batched
+        values would make a batch of sparse tensors (jacfwd / jacrev w.r.t. them)."""
+        if any(d is not None for d in in_dims):
+            raise NotSupportedError("vmap over a SparseTensor's values (x.with_values(v) with v batched: jacfwd / "
+                                    "jacrev w.r.t. v) is not supported; use torch.func.jvp / vjp per direction, or "
+                                    "torch.autograd.functional.jacobian")
+        return FromValues.apply(x, values), None
+
+    @staticmethod
     def backward(ctx, grad):
-        return None, project(grad, ctx.pattern)
+        return None, project(grad, _unwrapped(ctx.pattern))
+
+    @staticmethod
+    def jvp(ctx, x_t, values_t):
+        """Forward mode: the pattern holding the values' tangent (the pattern's own tangent does not
+        reach the values: they are replaced)."""
+        pattern = _unwrapped(ctx.pattern)
+        return None if values_t is None else pattern._like(values=values_t, nnz=pattern._stored)
 
 
 class Values(torch.autograd.Function):
@@ -642,3 +668,9 @@ class Values(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return in_pattern(ctx.pattern, grad)
+
+    @staticmethod
+    def jvp(ctx, x_t):
+        """Forward mode: the tangent read at the stored positions."""
+        x_t = _unwrapped(x_t)
+        return project(x_t.to_dense() if isinstance(x_t, SparseTensor) else x_t, ctx.pattern).to(ctx.pattern.dtype)

@@ -186,6 +186,8 @@ def _addc_other_patterns(func, args, kwargs):
     pattern (entries it makes nonzero join ``x``'s)."""
     self, t1, t2 = args[:3]
     value = args[3] if len(args) > 3 else kwargs.get("value", 1)
+    common = torch.promote_types(torch.promote_types(self.dtype, t1.dtype), t2.dtype)   # torch's, not t1's
+    t1, t2 = t1.to(common), (t2.to(common) if isinstance(t2, torch.Tensor) else t2)
     if _ADDC[func] is torch.mul:
         update = t1 * t2
     else:
