@@ -21,7 +21,7 @@ import torch
 
 from .._dispatch import accepts_out, check_dense_size, implements
 from ..convert import sort_keys
-from ..errors import NotSupportedError, ScorchValueError
+from ..errors import NotSupportedError, ScorchIndexError, ScorchValueError
 from ..tensor import SparseTensor
 from ._pattern import stored
 from .reduce import _entries, _group, refuse_bool
@@ -108,8 +108,8 @@ def _along(x: SparseTensor, d: int, keepdim: bool, *flat):
 
 def _dim_of(input, dim, op: str):
     d = _dim(dim, input.dim(), op)
-    if input.shape[d] == 0:
-        raise ScorchValueError(f"{op}: dim {d} has size 0 (shape {tuple(input.shape)})")
+    if input.shape[d] == 0:   # (an IndexError, as torch's)
+        raise ScorchIndexError(f"{op}: cannot reduce over the zero-size dim {d} of shape {tuple(input.shape)}")
     return d
 
 

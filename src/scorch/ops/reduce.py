@@ -154,24 +154,67 @@ def _identity(dtype: torch.dtype, op: str):
     return info.min if op == "amax" else info.max
 
 
-def _extreme(x, dim, keepdim, op: str):
+def _extreme(x, dim, keepdim, op: str, nan_ties: bool = False):
+    """amax / amin over ``dim``: the stored values' extreme per fibre, the implicit zero folded in
+    where a fibre is not full.  Its gradient is torch's: shared evenly by every element equal to
+    the result -- the absent zeros too, whose shares are simply not stored (a stored 0 tied with
+    two absent ones gets 1/3) -- where no element ties (a NaN result) NaN, as torch's amax; with
+    ``nan_ties`` (``max()`` / ``min()``, as torch's) the NaNs tie with a NaN result instead."""
+    _refuse_complex(x, op)
     dims = _dims(dim, x.dim(), op)
     key, n, fibre, vals = _fibres(x, dims)
     if fibre == 0:
-        raise ScorchValueError(f"{op}: cannot reduce over a zero-size dim of a tensor of shape {tuple(x.shape)}")
+        d = next(d for d in dims if x.shape[d] == 0)
+        raise ScorchIndexError(f"{op}: cannot reduce over the zero-size dim {d} of a tensor of shape "
+                               f"{tuple(x.shape)} (the operation has no identity)")
     present = None
     if n > 4 * key.numel():  # most results are fibres with nothing stored (0): reduce the others only
         present, key = torch.unique(key, return_inverse=True)
     m = n if present is None else present.numel()
     init = torch.full((m,), _identity(vals.dtype, op), dtype=vals.dtype)
-    out = init.scatter_reduce(0, key, vals, reduce=op, include_self=True)
+    out = init.scatter_reduce(0, key, vals.detach(), reduce=op, include_self=True)
     counts = torch.bincount(key, minlength=m)
     # A fibre with fewer stored entries than its length holds an implicit zero.
     zero = torch.zeros((), dtype=vals.dtype)
     out = torch.where(counts < fibre, (torch.maximum if op == "amax" else torch.minimum)(out, zero), out)
+    if vals.requires_grad and torch.is_grad_enabled():
+        out = _TieShare.apply(vals, out, key, _tie_shares(vals.detach(), out, key, fibre - counts, nan_ties))
     if present is not None:  # a 10^8-row hypersparse matrix: 6.2 s and 2 GB of temporaries before
         out = torch.zeros(n, dtype=vals.dtype).index_put((present,), out)
     return _shaped(out, x, dims, keepdim)
+
+
+def _refuse_complex(x, op: str) -> None:
+    """Complex numbers have no order: torch's max / min / argmax... refuse them, so do scorch's."""
+    if x.dtype.is_complex:
+        raise ScorchTypeError(f"{op}: not implemented for complex tensors (as torch's), got {x.dtype}")
+
+
+def _tie_shares(v, best, key, absent, nan_ties: bool) -> torch.Tensor:
+    """Each stored entry's share of its fibre's gradient: 1 / (the elements equal to the result,
+    ``absent`` zeros included where it is 0) at a tie, else 0; NaN throughout a fibre where
+    nothing ties (a NaN result, unless ``nan_ties``)."""
+    b = best[key]
+    tie = (v == b) | (v.isnan() & b.isnan()) if nan_ties else v == b
+    ties = torch.zeros(best.shape, dtype=v.dtype).index_add_(0, key, tie.to(v.dtype))
+    ties = ties + torch.where(best == 0, absent, 0).to(v.dtype)
+    return tie.to(v.dtype) / ties[key]
+
+
+class _TieShare(torch.autograd.Function):
+    """``best`` (the reduced values) with the gradient ``shares`` per stored value: a scatter-reduce's
+    own backward splits only among the stored ties, and one built from the values (``best + (s - s.detach())``)
+    would turn a non-finite value outside the ties into a NaN result."""
+
+    @staticmethod
+    def forward(ctx, vals, best, key, shares):
+        ctx.save_for_backward(key, shares)
+        return best.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        key, shares = ctx.saved_tensors
+        return grad[key] * shares, None, None, None
 
 
 @implements(torch.amax, torch.Tensor.amax)
@@ -194,6 +237,9 @@ def _softmax(x: SparseTensor, dim, log: bool, dtype=None, op="softmax", scale: f
     vals = x.values()
     if dtype is not None:
         vals = vals.to(dtype)
+    if not vals.dtype.is_floating_point:   # (an integer one overflowed in the -inf fill)
+        raise ScorchTypeError(f"{op}: not implemented for {vals.dtype} (as torch's): expects a floating dtype; "
+                              f"pass dtype= or convert the input")
     runs = _row_runs(x, d)
     if runs is not None and vals.dtype in (torch.float32, torch.float64) and build.have_compiler() \
             and not (torch.is_grad_enabled() and vals.requires_grad):
@@ -285,12 +331,13 @@ def _norm(x: SparseTensor, ord, dim, keepdim: bool, dtype, dense_norm):
     if dim is None:
         if x._stored != values.numel():   # (ELL's unused slots: whatever was written there is not an entry)
             values = values[stored(x)[1]]
-        out = torch.linalg.vector_norm(values, ord) if values.numel() else values.new_zeros(())
+        out = torch.linalg.vector_norm(values, ord) if values.numel() \
+            else torch.zeros((), dtype=values.real.dtype)   # (a complex tensor's norm is real)
         return out.reshape((1,) * x.dim()) if keepdim else out
     dims = _dims(dim, x.dim(), "norm")
     size = x.with_values(values.abs())
-    if ord == float("inf"):
-        return amax(size, dims, keepdim)
+    if ord == float("inf"):   # torch's gradient: to the largest |v| or, in a fibre holding NaNs, to them
+        return _extreme(size, dims, keepdim, "amax", nan_ties=True)
     # |v| ** ord: for ord < 1 a root of each stored |v| (a stored 0 out of the graph, as torch's)
     total = sum_(size if ord == 1 else size.with_values(_root(size.values(), ord) if ord < 1 else size.values() ** ord),
                  dims, keepdim)
@@ -368,7 +415,8 @@ def _whole(x: SparseTensor, op: str):
     if x.numel() == 0:
         raise ScorchValueError(f"{'max' if op == 'amax' else 'min'}: the tensor has no elements "
                                f"(shape {tuple(x.shape)}); pass dim= to reduce along one")
-    return _extreme(x, None, False, op)
+    _refuse_complex(x, "max" if op == "amax" else "min")
+    return _extreme(x, None, False, op, nan_ties=True)   # torch's max() backward: the NaNs tie with a NaN result
 
 
 @implements(torch.count_nonzero, torch.Tensor.count_nonzero)
@@ -472,19 +520,22 @@ def _legacy_var_args(fn):
 def var(input, dim=None, *, correction=1, keepdim=False, unbiased=None):
     """Variance over ``dim`` (absent entries are zeros), two passes over the stored values: the
     means, then the squared deviations of the stored values plus those of the absent zeros
-    (``count * mean**2``); no dense copy, no cancellation of a sum of squares."""
+    (``count * |mean|**2``); no dense copy, no cancellation of a sum of squares.  Complex values
+    have a real variance, as torch's: the mean of ``|v - mean|**2`` (the parts' variances summed)."""
     if unbiased is not None:
         correction = 1 if unbiased else 0
-    if not input.dtype.is_floating_point:
-        raise ScorchTypeError(f"var: needs a floating dtype, got {input.dtype}")
-    if input.dtype != torch.float64:   # accumulated in float64, as torch's CPU var (1e38 values overflow float32)
-        return var(input.to(torch.float64), dim, correction=correction, keepdim=keepdim).to(input.dtype)
+    if not (input.dtype.is_floating_point or input.dtype.is_complex):
+        raise ScorchTypeError(f"var: needs a floating point or complex dtype, got {input.dtype}")
+    wide = torch.complex128 if input.dtype.is_complex else torch.float64
+    if input.dtype != wide:   # accumulated in float64, as torch's CPU var (1e38 values overflow float32)
+        out = var(input.to(wide), dim, correction=correction, keepdim=keepdim)
+        return out.to(input.dtype.to_real())
     dims = _dims(dim, input.dim(), "var")
     key, groups, n, vals = _fibres(input, dims)
     mean = torch.zeros(groups, dtype=vals.dtype).index_add(0, key, vals) / max(n, 1)
-    stored = torch.bincount(key, minlength=groups).to(vals.dtype)
-    dev = vals - mean[key]
-    squares = torch.zeros(groups, dtype=vals.dtype).index_add(0, key, dev * dev) + (n - stored) * mean * mean
+    stored = torch.bincount(key, minlength=groups).to(torch.float64)
+    squares = torch.zeros(groups, dtype=torch.float64).index_add(0, key, _abs2(vals - mean[key])) \
+        + (n - stored) * _abs2(mean)
     if n - correction <= 0:   # as torch: divided by 0 (inf, NaN where every deviation is 0), warned
         warnings.warn("var(): degrees of freedom is <= 0. Correction should be strictly less than the reduction "
                       "factor (input numel divided by output numel).", stacklevel=3)
@@ -496,10 +547,17 @@ def var(input, dim=None, *, correction=1, keepdim=False, unbiased=None):
 @accepts_out
 @_legacy_var_args
 def std(input, dim=None, *, correction=1, keepdim=False, unbiased=None):
-    if input.dtype.is_floating_point and input.dtype != torch.float64:   # the root in float64 too, as torch's
-        return std(input.to(torch.float64), dim, correction=correction, keepdim=keepdim,
-                   unbiased=unbiased).to(input.dtype)
+    if input.dtype in _HALF + (torch.float32, torch.complex64):   # the root in float64 too, as torch's
+        wide = torch.complex128 if input.dtype.is_complex else torch.float64
+        return std(input.to(wide), dim, correction=correction, keepdim=keepdim,
+                   unbiased=unbiased).to(input.dtype.to_real())
     return _root(var(input, dim, correction=correction, keepdim=keepdim, unbiased=unbiased), 0.5)
+
+
+def _abs2(v: torch.Tensor) -> torch.Tensor:
+    """``|v| ** 2`` without a root (a complex value's squared parts summed: abs() would round and,
+    at 0, cut the gradient's path)."""
+    return (v * v.conj()).real if v.is_complex() else v * v
 
 
 def _root(total: torch.Tensor, power: float) -> torch.Tensor:
@@ -630,7 +688,7 @@ def prod(input, dim=None, keepdim=False, *, dtype=None):
         out_absent = torch.where(bad, float("nan"), out * 0)
         out_absent = torch.where(bad | torch.isfinite(out), out_absent, torch.zeros((), dtype=values_dtype))
     else:
-        out_absent = out * 0
+        out_absent = torch.zeros_like(out)   # (out * 0 made a bool product int64)
     return _shaped(torch.where(full, out, out_absent), input, dims, keepdim)
 
 
@@ -652,12 +710,14 @@ def _arg_extreme(x, dim, keepdim, op: str):
     if not isinstance(x, SparseTensor):
         return as_torch_runs(torch.argmax if op == "amax" else torch.argmin, x, dim, keepdim)
     refuse_bool(x, name)
+    _refuse_complex(x, name)
     if dim is not None:
         return _extreme_along(x, dim, keepdim, op)[1]
     if keepdim:
         return _arg_extreme(x, None, False, op).reshape((1,) * x.dim())
-    if x.numel() == 0:
-        raise ScorchValueError(f"{name}: the tensor has no elements (shape {tuple(x.shape)})")
+    if x.numel() == 0:   # (an IndexError, as torch's)
+        raise ScorchIndexError(f"{name}: the tensor has no elements (shape {tuple(x.shape)}); pass dim= to reduce "
+                               f"along a nonempty one")
     return _extreme_along(x.reshape(-1), 0, False, op)[1]   # the flat index: along the flattened tensor
 
 
@@ -665,9 +725,10 @@ def _extreme_along(x: SparseTensor, dim, keepdim: bool, op: str):
     """``(values, indices)`` of max / min along one ``dim``: the first position of the extreme,
     a stored value or an implicit zero (the fibre's first unstored position), as torch gives."""
     name = "max" if op == "amax" else "min"
+    _refuse_complex(x, name)
     d = _dims(dim, x.dim(), name)[0]
-    if x.shape[d] == 0:
-        raise ScorchValueError(f"{name}: cannot reduce over the zero-size dim {d} of shape {tuple(x.shape)}")
+    if x.shape[d] == 0:   # (an IndexError, as torch's)
+        raise ScorchIndexError(f"{name}: cannot reduce over the zero-size dim {d} of shape {tuple(x.shape)}")
     values = _extreme(x, d, False, op)
     coords, vals = _entries(x)
     key, groups = _group(coords, x.shape, (d,))

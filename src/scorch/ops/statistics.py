@@ -14,7 +14,7 @@ import torch
 from .._dispatch import accepts_out, check_dense_size, implements
 from ..errors import ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
-from .reduce import _dims, _entries, _fibres, _shaped, amax, amin, mean, std, sum_, var
+from .reduce import _dims, _entries, _fibres, _legacy_var_args, _shaped, amax, amin, mean, std, sum_, var
 from .shape import _dense_call
 
 __all__ = ["nansum", "nanmean", "logsumexp", "aminmax", "var_mean", "std_mean", "dist", "unique", "histc", "bincount"]
@@ -52,16 +52,18 @@ def nanmean(input, dim=None, keepdim=False, *, dtype=None):
 @accepts_out
 def logsumexp(input, dim, keepdim=False):
     """``log(sum(exp(x)))`` over ``dim``, shifted by each fibre's largest element (an absent
-    entry is 0: it adds ``exp(0 - shift)``)."""
-    if not input.dtype.is_floating_point:
+    entry is 0: it adds ``exp(0 - shift)``); complex values stay complex, shifted by their
+    largest real part, as torch's (a real shift leaves the log's branch alone)."""
+    if not (input.dtype.is_floating_point or input.dtype.is_complex):
         input = input.to(torch.get_default_dtype())   # torch's integer logsumexp gives the default float
     dims = _dims(dim, input.dim(), "logsumexp")
     key, groups, n, vals = _fibres(input, dims)
     stored = torch.bincount(key, minlength=groups)
-    shift = torch.full((groups,), float("-inf"), dtype=vals.dtype).scatter_reduce(
-        0, key, vals.detach(), "amax", include_self=True)
+    real = vals.detach().real
+    shift = torch.full((groups,), float("-inf"), dtype=real.dtype).scatter_reduce(
+        0, key, real, "amax", include_self=True)
     shift = torch.where(stored < n, torch.clamp(shift, min=0), shift)
-    shift = torch.where(torch.isfinite(shift), shift, torch.zeros((), dtype=vals.dtype))
+    shift = torch.where(torch.isfinite(shift), shift, torch.zeros((), dtype=real.dtype))
     total = torch.zeros(groups, dtype=vals.dtype).index_add(0, key, torch.exp(vals - shift[key])) \
         + (n - stored) * torch.exp(-shift)
     return _shaped(torch.log(total) + shift, input, dims, keepdim)
@@ -75,12 +77,14 @@ def aminmax(input, *, dim=None, keepdim=False):
 
 
 @implements(torch.var_mean)
+@_legacy_var_args
 def var_mean(input, dim=None, *, correction=1, keepdim=False, unbiased=None):
     return (var(input, dim, correction=correction, keepdim=keepdim, unbiased=unbiased),
             mean(input, dim, keepdim))
 
 
 @implements(torch.std_mean)
+@_legacy_var_args
 def std_mean(input, dim=None, *, correction=1, keepdim=False, unbiased=None):
     return (std(input, dim, correction=correction, keepdim=keepdim, unbiased=unbiased),
             mean(input, dim, keepdim))
@@ -144,6 +148,8 @@ def bincount(input, weights=None, minlength=0):
         return _dense_call(torch.bincount, input, weights, minlength)
     if input.dim() != 1:
         raise ScorchValueError(f"bincount: expects a 1-d input, got {input.dim()}-d")
+    if minlength < 0:
+        raise ScorchValueError(f"bincount: minlength must be >= 0 (as torch's), got {minlength}")
     if isinstance(weights, SparseTensor):
         weights = weights.to_dense()
     coords, vals = _entries(input)
@@ -153,5 +159,13 @@ def bincount(input, weights=None, minlength=0):
     if weights is not None and input.numel():   # (no stored entries: torch.bincount forgets the weights' dtype)
         out = out.to(weights.dtype if weights.dtype.is_floating_point else torch.float64)
     if zeros:
-        out[0] += zeros if weights is None else (weights.sum() - w.sum()).to(out.dtype)
+        out[0] += zeros if weights is None else _absent_weight(weights, coords[0]).to(out.dtype)
     return out
+
+
+def _absent_weight(weights: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """The summed weights of the absent elements, added up themselves: ``weights.sum()`` less the
+    stored ones' cancels (weights 1e8 stored and 1 absent gave 0)."""
+    absent = torch.ones(weights.shape[0], dtype=torch.bool)
+    absent[at] = False
+    return weights[absent].sum()
