@@ -478,3 +478,14 @@ def test_addcmul_with_another_pattern_computes_in_the_promoted_dtype():
     X = scorch.as_sparse(x, "csr")
     X.addcmul_(scorch.as_sparse(t, "csr"), scorch.as_sparse(t, "csr"))
     torch.testing.assert_close(X.to_dense(), x.clone().addcmul_(t, t))
+
+
+def test_complex_in_place_with_a_half_precision_dense_operand():
+    """``A.div_(d16)`` on complex64 values: the probe for absent entries promoted a 0-d complex zero
+    with float16 to ComplexHalf and refused; oracle: dense torch."""
+    x = torch.tensor([[1 + 1j, 0, 2j]], dtype=torch.complex64)
+    d16 = torch.tensor([[2., 4., 8.]], dtype=torch.float16)
+    for op in ("div_", "mul_"):
+        A = scorch.as_sparse(x, "csr")
+        getattr(A, op)(d16)
+        torch.testing.assert_close(A.to_dense(), getattr(x.clone(), op)(d16))

@@ -1040,3 +1040,28 @@ def test_a_scipy_matrix_with_spare_capacity_keeps_only_its_entries():
         A = scorch.as_sparse(m, "csr")
         assert A.nnz == 3
         torch.testing.assert_close(A.to_dense(), torch.from_numpy(m.toarray()))
+
+
+def test_boundary_shapes_and_batches_are_checked():
+    """A float size is refused (it was truncated), a 0-d numpy array is a scalar as a 0-d tensor is
+    (it became shape (1,)), a batched torch CSR whose parts disagree names them (torch's reshape
+    error), an ELL padding every row to one dense row is refused before its allocation (80 GB)."""
+    with pytest.raises(TypeError, match="shape must be a sequence of ints"):
+        scorch.from_coo([[0], [1]], [1.0], (4.5, 4))
+    with pytest.raises(ValueError, match="0-d"):
+        scorch.as_sparse(np.array(1.0))
+    b = (torch.randn(3, 4, 5) * (torch.rand(1, 4, 5) < 0.4)).to_sparse_csr()
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        short = torch.sparse_csr_tensor(b.crow_indices()[:2], b.col_indices(), b.values(), b.shape, check_invariants=False)
+    with pytest.raises(ValueError, match="disagree on the batch"):
+        scorch.as_sparse(short)
+    n = 100_000
+    idx = torch.cat([torch.stack([torch.zeros(n, dtype=torch.long), torch.arange(n)]), torch.tensor([[5], [5]])], 1)
+    A = scorch.from_coo(idx, torch.ones(n + 1), (n, n), format="csr")
+    for make in (lambda: A.asformat("ell"), lambda: scorch.from_coo(idx, torch.ones(n + 1), (n, n), format="ell")):
+        with pytest.raises(NotImplementedError, match="pads its 100000 rows"):
+            make()
+    small = torch.tensor([[1.0, 2.0, 3.0], [0, 0, 4.0], [0, 0, 0]])
+    assert torch.equal(scorch.as_sparse(small, "csr").asformat("ell").to_dense(), small)

@@ -296,6 +296,7 @@ def build(fmt: Format, shape, coords: torch.Tensor, vals: torch.Tensor, index_dt
             else:
                 counts = torch.bincount(parents, minlength=npos) if nnz else torch.zeros(npos, dtype=_I64)
                 slots = int(counts.max()) if counts.numel() else 0
+                check_padding(npos, slots, nnz, vals.element_size(), shape)
                 first = torch.cumsum(counts, 0) - counts
                 slot = q - first[p] if nnz else q
                 p = p * slots + slot
@@ -305,6 +306,20 @@ def build(fmt: Format, shape, coords: torch.Tensor, vals: torch.Tensor, index_dt
     out_vals = torch.zeros(npos, dtype=vals.dtype)
     out_vals[p] = vals
     return _cast_indices(fmt, shape, pos, crd, index_dtype), out_vals
+
+
+def check_padding(rows: int, slots: int, nnz: int, value_size: int, shape) -> None:
+    """Refuse a padded level (ELL) whose ``rows x slots`` -- every row padded to the longest -- would
+    take more than ``config.dense_fallback_max_bytes`` (and many times what is stored): one dense
+    row of a 10^5 x 10^5 matrix asked for 80 GB."""
+    from . import config
+    limit, total = config.dense_fallback_max_bytes, rows * slots
+    if limit is not None and total > 4 * max(nnz, 1 << 22) and total * (8 + value_size) > limit:
+        from .errors import NotSupportedError
+        raise NotSupportedError(f"a padded level (ELL) of shape {tuple(shape)} pads its {rows} rows to the longest "
+                                f"({slots} entries): {total * (8 + value_size) / 2**30:.1f} GiB for {nnz} stored, over "
+                                f"scorch.config.dense_fallback_max_bytes = {limit / 2**30:.1f} GiB; a format without "
+                                "padding (csr, coo) stores only what is there")
 
 
 def coo_to_csr(shape, pos, crd, vals, index_dtype=None):
@@ -368,6 +383,7 @@ def csr_to_ell(shape, pos, crd, vals, index_dtype=None):
     n, nnz = shape[0], crd[1].numel()
     counts = p[1:] - p[:-1]
     slots = int(counts.max()) if n and nnz else 0
+    check_padding(n, slots, nnz, vals.element_size(), shape)
     rows = torch.repeat_interleave(torch.arange(n, dtype=_I64), counts, output_size=nnz)
     at = rows * slots + (torch.arange(nnz, dtype=_I64) - p[rows])
     out_crd = torch.full((n * slots,), -1, dtype=_I64)

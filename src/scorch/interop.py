@@ -8,6 +8,7 @@ bridges to ``torch.sparse`` layouts and ``scipy.sparse``.
 from __future__ import annotations
 
 import math
+import operator
 import warnings
 
 import numpy as np
@@ -64,8 +65,8 @@ def as_sparse(x, format="csr", *, index_dtype=None) -> SparseTensor:
     _check_index_dtype(index_dtype)
     if isinstance(x, SparseTensor):
         return x.asformat(format, index_dtype=index_dtype)
-    if isinstance(x, np.ndarray):
-        x = torch.from_numpy(np.ascontiguousarray(x))
+    if isinstance(x, np.ndarray):   # (ascontiguousarray makes a 0-d array 1-d: checked below as torch's)
+        x = torch.from_numpy(np.ascontiguousarray(x)).reshape(x.shape)
     if isinstance(x, torch.Tensor):
         if x.dim() == 0:
             raise ScorchValueError("as_sparse: x is 0-d (a scalar); a sparse tensor needs at least 1 dim")
@@ -232,8 +233,8 @@ def _index_tensor(x, arg: str) -> torch.Tensor:
 
 
 def _check_shape(shape) -> tuple:
-    try:
-        shape = tuple(int(s) for s in shape)
+    try:   # (operator.index: a float size is refused, as torch's; int() truncated 4.5 to 4)
+        shape = tuple(operator.index(s) for s in shape)
     except TypeError:
         raise ScorchTypeError(f"shape must be a sequence of ints, got {shape!r}") from None
     if not shape:
@@ -414,6 +415,11 @@ def _check_torch_compressed(x) -> None:
     row_major = x.layout in (torch.sparse_csr, torch.sparse_bsr)
     p, c = (x.crow_indices(), x.col_indices()) if row_major else (x.ccol_indices(), x.row_indices())
     b = p.dim() - 1
+    pos_name, crd_name = ("crow_indices", "col_indices") if row_major else ("ccol_indices", "row_indices")
+    if tuple(p.shape[:-1]) != tuple(c.shape[:-1]) or tuple(x.values().shape[:b + 1]) != tuple(c.shape):
+        raise ScorchValueError(f"as_sparse: torch sparse tensor's {pos_name} {tuple(p.shape)}, {crd_name} "
+                               f"{tuple(c.shape)} and values {tuple(x.values().shape)} disagree on the batch "
+                               "dims or the stored count")
     block = tuple(x.values().shape[b + 1:b + 3]) if x.layout in (torch.sparse_bsr, torch.sparse_bsc) else (1, 1)
     outer = x.shape[b] // block[0] if row_major else x.shape[b + 1] // block[1]
     inner = x.shape[b + 1] // block[1] if row_major else x.shape[b] // block[0]

@@ -87,7 +87,9 @@ def _computes_zero(func, args, kwargs, shape=()) -> bool:
 
 
 def _zero_of(a: SparseTensor) -> torch.Tensor:
-    return torch.zeros((), dtype=a._values.dtype)
+    """A zero standing for ``a``: of its dims (all 1, broadcasting), so that it promotes as the
+    dimensioned tensor ``a`` is (a 0-d complex64 zero beside a float16 tensor made ComplexHalf)."""
+    return torch.zeros((1,) * a.dim(), dtype=a._values.dtype)
 
 
 def _values_of(a: SparseTensor) -> torch.Tensor:
