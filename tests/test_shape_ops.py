@@ -416,12 +416,18 @@ def test_int_index_of_1d_gives_a_dense_scalar():
 
 @pytest.mark.parametrize("key", [   # (bool masks and tensors on the leading dims: tests/test_lookup.py)
     True, 1.5, (slice(None), torch.tensor([0]), torch.tensor([1])), (slice(None), torch.tensor([[0, 1]])),
-    (0, slice(None), torch.tensor([1])), [True, False, True],
+    (0, slice(None), torch.tensor([1])),
 ], ids=repr)
 def test_unsupported_keys_raise_with_a_workaround(key):
     A = scorch.as_sparse(sample((3, 3, 3)), "csr")
     with pytest.raises(NotSupportedError, match=r"indexing a SparseTensor with .*x\.to_dense\(\)\[\.\.\.\]"):
         A[key]
+
+
+def test_a_list_of_bools_is_a_mask_as_in_torch():
+    """``[True, False, True]`` was refused as an unsupported key; torch reads it as a bool mask."""
+    x = sample((3, 3, 3))
+    check(scorch.as_sparse(x, "csr")[[True, False, True]], x[[True, False, True]])
 
 
 def test_bad_keys():

@@ -15,10 +15,11 @@ from __future__ import annotations
 import torch
 
 from .._dispatch import accepts_out, broadcast_shapes, check_dense_size, dense_fallback, implements
-from ..errors import NotSupportedError, ScorchIndexError, ScorchTypeError, ScorchValueError
+from ..errors import ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
 from .reduce import _entries
-from .shape import _dense_call, _densified, _dim, getitem, mask_points, store_at
+from .shape import (_dense_call, _densified, _dim, dense_entries, getitem, mask_points, refuse_grad, values_at,
+                    write_points)
 
 __all__ = ["take", "gather", "take_along_dim", "masked_select", "index_add", "index_add_", "embedding", "embedding_bag"]
 
@@ -80,13 +81,25 @@ def take_along_dim(input, indices, dim=None):
     ``take`` on the flattened input)."""
     if not isinstance(input, SparseTensor) or isinstance(indices, SparseTensor):   # a sparse index: densely
         return _dense_call(torch.take_along_dim, input, indices, dim)
-    if dim is None:
-        return take(input, _integer(indices, "take_along_dim").reshape(-1))
+    indices = _integer(indices, "take_along_dim")
+    if indices.dtype != torch.int64:
+        raise ScorchTypeError(f"take_along_dim: indices must be int64 (as torch requires), got {indices.dtype}")
     x = input
+    if dim is None:   # (torch does not wrap a negative flat index here)
+        flat = indices.reshape(-1)
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= x.numel()):
+            bad = int(flat.min()) if int(flat.min()) < 0 else int(flat.max())
+            raise ScorchIndexError(f"take_along_dim: index {bad} is out of bounds for the flattened input of "
+                                   f"{x.numel()} elements (expected [0, {x.numel() - 1}])")
+        return take(x, flat)
     d = _dim(dim, x.dim(), "take_along_dim")
-    shape = list(x.shape)
-    shape[d] = indices.shape[d] if indices.dim() == x.dim() else -1
-    return gather(x, d, _integer(indices, "take_along_dim").expand(shape))
+    if indices.dim() != x.dim():
+        raise ScorchValueError(f"take_along_dim: input and indices should have the same number of dimensions, got "
+                               f"{x.dim()} for input and {indices.dim()} for indices")
+    both = list(broadcast_shapes(*[tuple(t.shape[:d]) + (1,) + tuple(t.shape[d + 1:]) for t in (x, indices)]))
+    if tuple(x.shape) != tuple(both[:d] + [x.shape[d]] + both[d + 1:]):
+        x = x.expand(both[:d] + [x.shape[d]] + both[d + 1:])   # (the input broadcast: its entries repeated)
+    return gather(x, d, indices.expand(both[:d] + [indices.shape[d]] + both[d + 1:]))
 
 
 @implements(torch.masked_select, torch.Tensor.masked_select)
@@ -109,21 +122,75 @@ def masked_select(input, mask):
 # ---------------------------------------------------------------- writes from a SparseTensor into a dense tensor
 
 def _on_sparse_self(fn, op: str, self: SparseTensor, args, kwargs):
-    """``fn(self, *args)`` (a scatter or ``index_add``) with a SparseTensor ``self``: out of place,
-    torch's op on the dense copy (the warned dense fallback); in place (``op`` ends in ``_``), the
-    positions it changes written into ``self``, which stores the new nonzeros (as ``x[key] = v``)."""
+    """``fn(self, *args)`` (a scatter, ``index_add`` or ``index_reduce``) with a SparseTensor ``self``:
+    out of place, torch's op on the dense copy (the warned dense fallback); in place (``op`` ends in
+    ``_``), on the positions it touches only (:func:`_touched`): their values read from ``self``, torch's
+    op run on them as a 1-d tensor, the results written back (a new nonzero joins the pattern, as
+    ``x[key] = v``) -- work for ``self.nnz`` plus the index's (or source's) elements, never the dense shape."""
     if not op.endswith("_"):
         return dense_fallback(fn, (self, *args), kwargs)
-    if torch.is_grad_enabled() and self.requires_grad:
-        raise NotSupportedError(f"{op}: writing into a SparseTensor that requires grad is not recorded by "
-                                "autograd; write under torch.no_grad(), or use the out-of-place op")
-    check_dense_size(f"{op} into a SparseTensor computes on its dense copy, and", [self])
-    before = self.to_dense()
-    after = _dense_call(fn, before.clone(), *args, **kwargs)
-    changed = (after != before) & ~(after.isnan() & before.isnan())
-    at = changed.nonzero().t()
-    store_at(self, at, after[tuple(at)], op)
+    refuse_grad(op, self, *args)
+    if op == "index_add_":   # a sum: the source's entries accumulated at their coordinates
+        return _index_add_into(self, *args, kwargs.get("alpha", 1), op)
+    lin, args = _touched(op, self, args)
+    uniq, inverse = torch.unique(lin, return_inverse=True)
+    after = fn(values_at(self, uniq), 0, inverse, *args, **kwargs)
+    write_points(self, uniq, after, op)
     return self
+
+
+def _touched(op: str, self: SparseTensor, args):
+    """``(lin, args)``: the linear position in ``self`` each contribution of the op lands on and the
+    op's arguments past its index for the same op on a 1-d tensor (the contributions flattened),
+    after torch's checks of the arguments."""
+    dim, index, *rest = args
+    d = _dim(dim, self.dim(), op)
+    if op == "index_reduce_":   # (dim, index, source, reduce): one contribution per source element
+        source, *rest = rest
+        source = _densified(source, f"{op}: a sparse source")
+        index = _integer(index, op)
+        torch.empty(self.shape, dtype=self.dtype, device="meta").index_reduce_(
+            d, index.to("meta"), source.to("meta"), *rest)
+        index = _in_range(index.reshape(-1), self.shape[d], d, op)
+        return _positions(self.shape, source.shape, d, index[_along(source.shape, d)]), (source.reshape(-1), *rest)
+    index = _integer(index, op)   # scatter family: (dim, index, src or value, ...), one per index element
+    src = rest.pop(0) if rest else None   # (None: scatter_(dim, index, value=v))
+    if index.dim() != self.dim() and index.numel():
+        raise ScorchValueError(f"{op}: index needs as many dims as self ({self.dim()}), got {index.dim()}")
+    if isinstance(src, torch.Tensor):
+        if isinstance(src, SparseTensor):
+            src = src[tuple(slice(0, n) for n in index.shape)]
+        src = _densified(src, f"{op}: a sparse src")
+        torch.empty(self.shape, dtype=self.dtype, device="meta").scatter_(d, index.to("meta"), src.to("meta"))
+        src = src[tuple(slice(0, n) for n in index.shape)].reshape(-1)
+    for e in range(index.dim()):
+        if e != d and index.shape[e] > self.shape[e]:
+            raise ScorchIndexError(f"{op}: index's size {index.shape[e]} at dim {e} exceeds self's {self.shape[e]}")
+    index = _in_range(index, self.shape[d], d, op)
+    return _positions(self.shape, index.shape, d, index), (*([] if src is None else [src]), *rest)
+
+
+def _in_range(index: torch.Tensor, size: int, d: int, op: str) -> torch.Tensor:
+    """``index`` (int64) checked within ``[0, size)``: torch's scatters do not wrap negatives."""
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= size):
+        bad = int(index.min()) if int(index.min()) < 0 else int(index.max())
+        raise ScorchIndexError(f"{op}: index {bad} is out of bounds for dimension {d} with size {size}")
+    return index.to(torch.int64)
+
+
+def _along(shape, d: int) -> torch.Tensor:
+    """The ``d``-th coordinate of every element of a tensor of ``shape`` (stride-0 arange, materialised
+    for its elements only)."""
+    return torch.arange(shape[d]).reshape([-1 if e == d else 1 for e in range(len(shape))]).expand(shape)
+
+
+def _positions(shape, box, d: int, at: torch.Tensor) -> torch.Tensor:
+    """The row-major linear positions in ``shape`` of the elements of a tensor of shape ``box``, their
+    ``d``-th coordinate replaced by ``at`` (of shape ``box``); 1-d."""
+    lin = torch.zeros(at.numel(), dtype=torch.int64)
+    for e, n in enumerate(shape):
+        lin = lin * n + (at if e == d else _along(box, e)).reshape(-1)
+    return lin
 
 
 def _index_add_into(self, dim, index, source, alpha, op: str):
@@ -134,10 +201,12 @@ def _index_add_into(self, dim, index, source, alpha, op: str):
         raise ScorchValueError(f"{op}: index needs one position per slice of source along dim {d} "
                                f"({source.shape[d]}), got {index.numel()}; source dims {source.dim()}, self dims "
                                f"{self.dim()}")
+    if self.numel() == 0:   # (torch adds nothing, whatever the index)
+        return self
     if index.numel() and (int(index.min()) < 0 or int(index.max()) >= self.shape[d]):   # (torch's: no wrapping)
         bad = int(index.min()) if int(index.min()) < 0 else int(index.max())
         raise ScorchIndexError(f"{op}: index {bad} is out of bounds for dim {d} of size {self.shape[d]}")
-    coords, vals = _entries(source)
+    coords, vals = _entries(source) if isinstance(source, SparseTensor) else dense_entries(source)
     coords = coords.clone()
     coords[d] = index.to(torch.int64)[coords[d]]
     return self.index_put_(tuple(coords), (vals if alpha == 1 else vals * alpha).to(self.dtype), accumulate=True)
@@ -176,9 +245,9 @@ def _scatter(fn, op: str):
     """``fn(self, dim, index, src, ...)`` with a sparse ``src``: the part of ``src`` that ``index``
     covers, densified (the same size as ``index``); a dense ``self``."""
     def run(self, dim, index, src=None, *args, **kwargs):
-        if isinstance(self, SparseTensor):
-            return _on_sparse_self(fn, op, self, (dim, index, src, *args), kwargs)
         rest = args if src is None else (src, *args)   # (scatter(dim, index, value=v) has no src)
+        if isinstance(self, SparseTensor):
+            return _on_sparse_self(fn, op, self, (dim, index, *rest), kwargs)
         if isinstance(index, SparseTensor):   # a sparse index: densely
             return _dense_call(fn, self, dim, index, *rest, **kwargs)
         if isinstance(src, SparseTensor):

@@ -36,11 +36,12 @@ import functools
 import math
 import numbers
 import operator
+import warnings
 
 import torch
 
 from .. import config, convert
-from .._dispatch import accepts_out, check_dense_size, implements, leaves, write_out
+from .._dispatch import accepts_out, broadcast_shapes, check_dense_size, implements, leaves, write_out
 from ..errors import NotSupportedError, ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..format import Format, preset
 from ..interop import as_sparse, position_entries
@@ -515,12 +516,33 @@ def _masks_as_indices(x: SparseTensor, key):
     return key
 
 
+def _as_masks(key):
+    """A key's masks in torch's other spellings as bool tensors: a list of bools (``x[[True, False]]``)
+    and a uint8 tensor (deprecated in torch, which warns and reads it as bool)."""
+    out = []
+    for k in key if isinstance(key, tuple) else (key,):
+        if isinstance(k, list) and k and all(isinstance(i, bool) for i in k):
+            k = torch.tensor(k)
+        elif isinstance(k, torch.Tensor) and not isinstance(k, SparseTensor) and k.dtype == torch.uint8 and k.dim():
+            warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool "
+                          "instead.", UserWarning, stacklevel=6)   # (the caller's x[mask], past the dispatch)
+            k = k.bool()
+        out.append(k)
+    return tuple(out) if isinstance(key, tuple) else out[0]
+
+
+def _index_of(v) -> torch.Tensor:
+    """An index item as a tensor (``[]``, which has no dtype to read, as an empty int64 one)."""
+    t = torch.as_tensor(v)
+    return t.to(_I64) if t.numel() == 0 and not isinstance(v, torch.Tensor) else t
+
+
 def _points(x: SparseTensor, items, key):
     """``x[i, j, ...]`` with tensors (and ints) on the first ``m`` dims, broadcast together: the
     result's leading dims are their broadcast shape, then ``x``'s other dims; dense when ``m``
     covers every dim (as torch gives it), else sparse."""
     m = next((i for i, (kind, _) in enumerate(items) if kind not in ("take", "int")), len(items))
-    idx = [torch.as_tensor(v) for _, v in items[:m]]
+    idx = [_index_of(v) for _, v in items[:m]]
     for t in idx:
         if t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex:
             raise ScorchTypeError(f"indexing: index tensors must hold integers, got dtype {t.dtype}")
@@ -547,7 +569,7 @@ def getitem(x, key):
     dims (:func:`_points`); other keys raise NotSupportedError."""
     if not isinstance(x, SparseTensor):
         return _dense_call(torch.Tensor.__getitem__, x, key)
-    key = _masks_as_indices(x, _numpy_as_tensors(key))
+    key = _masks_as_indices(x, _as_masks(_numpy_as_tensors(key)))
     items = _parse_key(key, x.dim())
     if sum(kind == "take" for kind, _ in items) > 1 or any(kind == "take" and torch.as_tensor(v).dim() != 1
                                                            for kind, v in items):
@@ -630,26 +652,112 @@ def setitem(x, key, value):
             at = torch.stack([a.reshape(-1) for a in torch.meshgrid(*axes, indexing="ij")])
             return store_at(x, at, _scalars(value, x.dtype, at.shape[1]), "setitem")
         x._values[where[hit]] = value
-    else:
-        check_dense_size("setitem marks the selected positions of the dense shape, and", [x])
-        marked = torch.zeros(x._shape, dtype=torch.bool)
-        marked[key] = True
-        if scalar:
-            new = None
-        else:
-            new = torch.zeros(x._shape, dtype=x.dtype)
-            new[key] = value.to(x.dtype)
-        held = torch.zeros(x._shape, dtype=torch.bool)
-        held[tuple(coords)] = True
-        grows = marked & ~held
-        if bool(grows.any()) and (value != 0 if scalar else bool((new[grows] != 0).any() | new[grows].isnan().any())):
-            at = marked.nonzero().t()
-            return store_at(x, at, _scalars(value, x.dtype, at.shape[1]) if scalar else new[tuple(at)],
-                            "setitem")
-        hit = marked[tuple(coords)]
-        x._values[where[hit]] = value if scalar else new[tuple(coords[:, hit])]   # (a format's last level
-        # is unique: no coordinate is stored twice)
+    else:   # tensor keys, tensor values: the selected positions' coordinates, nothing of the dense shape
+        lin, shape = key_points(x, key, "setitem")
+        write_points(x, lin, _scalars(value, x.dtype, lin.numel()) if scalar else
+                     broadcast_value(value, shape, x.dtype, "setitem"), "setitem")
+        return
     torch.autograd.graph.increment_version(x)   # a tensor saved for backward sees the write
+
+
+# ---------------------------------------------------------------- writes at points, on coordinates
+
+def _bools_as_indices(key):
+    """``key`` with its bool masks (bool tensors, lists of bools) as the integer tensors of their
+    True positions -- torch's meaning of a mask -- so the selection's shape is known before any
+    position is read (a meta tensor cannot index with a mask); ``key`` itself when it holds none."""
+    keys = key if isinstance(key, tuple) else (key,)
+
+    def as_indices(k):
+        if isinstance(k, list) and k and all(isinstance(i, bool) for i in k):
+            k = torch.tensor(k)
+        if isinstance(k, torch.Tensor) and k.dtype == torch.bool:
+            return k.nonzero(as_tuple=True) if k.dim() else (bool(k),)
+        return (k,)
+    out = [as_indices(k) for k in keys]
+    if all(len(o) == 1 and o[0] is k for o, k in zip(out, keys)):
+        return key
+    return tuple(i for o in out for i in o)
+
+
+def key_points(x: SparseTensor, key, op: str):
+    """``(lin, shape)``: the row-major linear positions (int64, 1-d) that ``x[key]`` selects, in the
+    order of its elements, and its shape -- any key torch takes, checked by torch (on a meta tensor
+    for the shape, on stride-0 aranges for the positions): memory for the selected positions
+    only, never the dense shape."""
+    key = _bools_as_indices(key)
+    shape = tuple(torch.empty(x._shape, device="meta")[key].shape)
+    k = math.prod(shape)
+    _check_store_size(x, k, op)
+    _check_linear(x._shape)
+    lin = torch.zeros(k, dtype=_I64)
+    for d, n in enumerate(x._shape):
+        axis = torch.arange(n, dtype=_I64).reshape([-1 if e == d else 1 for e in range(x.dim())]).expand(x._shape)
+        lin = lin * n + axis[key].reshape(-1)
+    return lin, shape
+
+
+def broadcast_value(value, shape, dtype, op: str) -> torch.Tensor:
+    """``value`` as written into ``x[key]`` of ``shape``: cast to ``dtype``, its leading size-1 dims
+    dropped and broadcast, as torch's assignment does; flattened (one value per selected position)."""
+    value = torch.as_tensor(value).to(dtype)
+    while value.dim() > len(shape) and value.shape[0] == 1:
+        value = value[0]
+    try:
+        return value.expand(shape).reshape(-1)
+    except RuntimeError:
+        raise ScorchValueError(f"{op}: a value of shape {tuple(value.shape)} cannot be broadcast to the selection's "
+                               f"shape {tuple(shape)}") from None
+
+
+def write_points(x: SparseTensor, lin: torch.Tensor, vals: torch.Tensor, op: str, accumulate: bool = False) -> None:
+    """Write ``vals`` at the linear positions ``lin`` of ``x`` (repeats allowed: the last one wins,
+    or with ``accumulate`` they all add, as torch's ``index_put_``): the stored positions take the
+    new value in place; a nonzero (or NaN) at a position ``x`` does not store joins the pattern
+    (new storage, as :func:`store_at`).  Work and memory: ``x.nnz + lin.numel()``."""
+    vals = vals.to(x.dtype)
+    uniq, inverse = torch.unique(lin, return_inverse=True)
+    if accumulate:
+        new = torch.zeros(uniq.numel(), dtype=x.dtype).index_put_((inverse,), vals, accumulate=True)
+    else:
+        last = torch.full((uniq.numel(),), -1, dtype=_I64).scatter_reduce(
+            0, inverse, torch.arange(lin.numel(), dtype=_I64), "amax")
+        new = vals[last]
+    coords, where = stored(x)
+    slot, hit = _find_linear(ravel_coords(coords, x._shape, coords.shape[1]), uniq)
+    if accumulate:
+        new[hit] += x._values[where[slot]]
+    grow = ~hit & ((new != 0) | new.isnan())
+    if not bool(grow.any()):
+        x._values[where[slot]] = new[hit]
+        torch.autograd.graph.increment_version(x)
+        return
+    _check_store_size(x, int(grow.sum()), op)
+    values = x._values[where].clone()
+    values[slot] = new[hit]
+    added = _stack_rows(unravel_coords(uniq[grow], list(x._shape)), int(grow.sum()))
+    x._restore(rebuild(x._format, x._shape, torch.cat([coords, added], 1), torch.cat([values, new[grow]]),
+                       x.index_dtype))
+    torch.autograd.graph.increment_version(x)
+
+
+def _find_linear(old: torch.Tensor, lin: torch.Tensor):
+    """``(slot, hit)``: which of the linear positions ``lin`` are among ``old`` (unique), and for
+    those, their index in ``old`` -- a sorted search, no dense marks."""
+    order = torch.argsort(old)
+    ranked = old[order]
+    pos = torch.searchsorted(ranked, lin).clamp(max=max(old.numel() - 1, 0))
+    hit = ranked[pos] == lin if old.numel() else torch.zeros(lin.numel(), dtype=torch.bool)
+    return order[pos[hit]], hit
+
+
+def values_at(x: SparseTensor, lin: torch.Tensor) -> torch.Tensor:
+    """``x``'s values at the linear positions ``lin`` (0 where nothing is stored), dense, 1-d."""
+    coords, where = stored(x)
+    slot, hit = _find_linear(ravel_coords(coords, x._shape, coords.shape[1]), lin)
+    out = torch.zeros(lin.numel(), dtype=x.dtype)
+    out[hit] = x._values[where[slot]]
+    return out
 
 
 def mask_points(mask, shape) -> torch.Tensor | None:
@@ -748,20 +856,31 @@ def _basic_items(key, ndim: int):
     return items[:at] + fill + items[at:]
 
 
+def refuse_grad(op: str, x: SparseTensor, *values) -> None:
+    """An in-place write into ``x`` is not recorded by autograd: refused in grad mode when ``x`` or a
+    written tensor requires grad (as :func:`setitem` refuses it)."""
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (x, *values)):
+        raise NotSupportedError(f"{op}: writing into a SparseTensor that requires grad, or a value that does, is "
+                                "not recorded by autograd; write under torch.no_grad() (a parameter update), or "
+                                "build a new tensor (torch.where, x.with_values)")
+
+
 @implements(torch.Tensor.index_put_)
 def index_put_(x, indices, values, accumulate=False):
     """``x.index_put_(indices, v)`` is ``x[indices] = v`` (:func:`setitem`); with ``accumulate``
-    the selected positions add ``v`` (summed where an index repeats, as torch sums), stored
-    positions only unless the sum there is 0."""
+    the selected positions add ``v`` (summed where an index repeats, as torch sums): the selected
+    positions' coordinates only (:func:`key_points`), a nonzero sum at an absent one joining the pattern."""
     if not isinstance(x, SparseTensor):
         return _dense_call(torch.Tensor.index_put_, x, indices, values, accumulate)
     key = tuple(indices)
     if not accumulate:
         setitem(x, key, values)
         return x
-    check_dense_size("index_put_ with accumulate sums into the dense shape, and", [x])
-    add = torch.zeros(x._shape, dtype=x.dtype).index_put_(key, torch.as_tensor(values, dtype=x.dtype), accumulate=True)
-    setitem(x, add != 0, x.to_dense()[add != 0] + add[add != 0])
+    refuse_grad("index_put_", x, values)
+    key = tuple(map(lambda k: _densified(k, "index_put_: a sparse index"), key))
+    lin, shape = key_points(x, key, "index_put_")
+    values = _densified(values, "index_put_: a sparse value")
+    write_points(x, lin, broadcast_value(values, shape, x.dtype, "index_put_"), "index_put_", accumulate=True)
     return x
 
 
@@ -784,18 +903,44 @@ def _written_copy(in_place, dense_op, x, *args):
     return _dense_call(dense_op, x, *args)
 
 
+def _long_index(index, x: SparseTensor, d: int, op: str, *, wrap: bool) -> torch.Tensor:
+    """``index`` as torch's ``index_fill_`` / ``index_copy_`` take it: an int64 tensor of at most 1 dim,
+    in range of ``x``'s dim ``d`` (negatives wrapping when ``wrap``); 1-d.  (None is out of range in a
+    zero-size ``x``: torch writes nothing there, whatever the index.)"""
+    if not isinstance(index, torch.Tensor) or isinstance(index, SparseTensor) or index.dtype != _I64:
+        got = index.dtype if isinstance(index, torch.Tensor) else type(index).__name__
+        raise ScorchIndexError(f"{op}: index must be an int64 tensor (Expected dtype int64 for index), got {got}")
+    if index.dim() > 1:
+        raise ScorchValueError(f"{op}: index has to be a vector or a scalar, got shape {tuple(index.shape)}")
+    index, size = index.reshape(-1), x._shape[d]
+    lo = -size if wrap else 0
+    bad = (index < lo) | (index >= size)
+    if x.numel() and bool(bad.any()):
+        raise ScorchIndexError(f"{op}: index {int(index[bad][0])} is out of bounds for dimension {d} with size {size}")
+    return index % size if size else index
+
+
 @implements(torch.Tensor.index_fill_)
 def index_fill_(x, dim, index, value):
-    """``x.index_fill_(dim, index, v)`` is ``x[..., index, ...] = v`` (:func:`setitem`)."""
+    """``x.index_fill_(dim, index, v)`` is ``x[..., index, ...] = v`` (:func:`setitem`); a 0 only
+    touches the stored entries of those slices (no position of a slice is made)."""
     if not isinstance(x, SparseTensor):
         return _dense_call(torch.Tensor.index_fill_, x, dim, index, value)
     d = _dim(dim, x.dim(), "index_fill_")
-    index = torch.as_tensor(index, dtype=_I64).reshape(-1)
-    bad = (index < -x._shape[d]) | (index >= x._shape[d])
-    if bool(bad.any()):
-        raise ScorchIndexError(f"index_fill_: index {int(index[bad][0])} is out of bounds for dimension {d} with "
-                               f"size {x._shape[d]}")
-    setitem(x, (slice(None),) * d + (index,), value)
+    index = _long_index(index, x, d, "index_fill_", wrap=True)
+    if isinstance(value, torch.Tensor) and value.dim():
+        raise ScorchValueError(f"index_fill_: value must be a number or a 0-d tensor, got shape {tuple(value.shape)}")
+    refuse_grad("index_fill_", x, value)
+    if x.numel() == 0:   # (torch writes nothing, whatever the index)
+        return x
+    v = fill_scalar(value, x.dtype)
+    if v == 0:   # only stored entries change: the slices' positions are never listed
+        coords, where = stored(x)
+        x._values[where[torch.isin(coords[d], index)]] = v
+        torch.autograd.graph.increment_version(x)
+        return x
+    lin, _ = key_points(x, (slice(None),) * d + (index,), "index_fill_")   # (whole slices: maybe a size error)
+    write_points(x, lin, _scalars(v, x.dtype, lin.numel()), "index_fill_")
     return x
 
 
@@ -822,6 +967,87 @@ def fill_diagonal_(x, fill_value, wrap=False):
     else:
         key = (torch.arange(min(x._shape), dtype=_I64),) * n
     setitem(x, key, fill_value)
+    return x
+
+
+def _same_dtype(x: SparseTensor, source, op: str) -> None:
+    if source.dtype != x.dtype:
+        raise ScorchTypeError(f"{op}: self and source expected to have the same dtype (as torch requires), got "
+                              f"{x.dtype} and {source.dtype}")
+
+
+@implements(torch.Tensor.index_copy_)
+def index_copy_(x, dim, index, source):
+    """``x.index_copy_(dim, index, s)`` is ``x[..., index, ...] = s`` (:func:`setitem`): the stored
+    positions take ``s``'s values, its nonzeros elsewhere join the pattern."""
+    if not isinstance(x, SparseTensor):
+        return _dense_call(torch.Tensor.index_copy_, x, dim, index, source)
+    refuse_grad("index_copy_", x, source)
+    source = _densified(source, "index_copy_: a sparse source")
+    if not isinstance(source, torch.Tensor):
+        raise ScorchTypeError(f"index_copy_: source must be a tensor, got {type(source).__name__}")
+    d = _dim(dim, x.dim(), "index_copy_")
+    index = _long_index(index, x, d, "index_copy_", wrap=False)
+    _same_dtype(x, source, "index_copy_")
+    torch.empty(x._shape, dtype=x.dtype, device="meta").index_copy_(d, index.to("meta"), source.to("meta"))
+    if x.numel():
+        setitem(x, (slice(None),) * d + (index,), source)
+    return x
+
+
+@implements(torch.Tensor.put_)
+def put_(x, index, source, accumulate=False):
+    """``x.put_(index, s)``: ``s`` written at the flat (row-major) positions ``index`` (negatives
+    wrap), added with ``accumulate`` -- :func:`write_points` on those positions."""
+    if not isinstance(x, SparseTensor):
+        return _dense_call(torch.Tensor.put_, x, index, source, accumulate)
+    refuse_grad("put_", x, source)
+    source = _densified(source, "put_: a sparse source")
+    if not isinstance(index, torch.Tensor) or isinstance(index, SparseTensor) or index.dtype != _I64:
+        raise ScorchTypeError(f"put_: index must be an int64 tensor, got "
+                              f"{getattr(index, 'dtype', type(index).__name__)}")
+    if not isinstance(source, torch.Tensor) or source.numel() != index.numel():
+        raise ScorchIndexError(f"put_: source must be a tensor with one element per index ({index.numel()}), got "
+                               f"{source.numel() if isinstance(source, torch.Tensor) else type(source).__name__}")
+    _same_dtype(x, source, "put_")
+    n = x.numel()
+    lin = index.reshape(-1)
+    bad = (lin < -n) | (lin >= n)
+    if bool(bad.any()):
+        raise ScorchIndexError(f"put_: index {int(lin[bad][0])} is out of range for a tensor of {n} elements "
+                               f"(expected [{-n}, {n - 1}])")
+    _check_linear(x._shape)
+    write_points(x, torch.where(lin < 0, lin + n, lin), source.reshape(-1), "put_", accumulate=bool(accumulate))
+    return x
+
+
+@implements(torch.Tensor.masked_scatter_)
+def masked_scatter_(x, mask, source):
+    """``x.masked_scatter_(mask, s)``: the positions where ``mask`` (broadcast to ``x``) is True take
+    ``s``'s first elements in row-major order -- :func:`write_points` on those positions."""
+    if not isinstance(x, SparseTensor):
+        return _dense_call(torch.Tensor.masked_scatter_, x, mask, source)
+    refuse_grad("masked_scatter_", x, source)
+    source = _densified(source, "masked_scatter_: a sparse source")
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise ScorchTypeError(f"masked_scatter_: mask must be a bool tensor (torch only supports boolean masks), got "
+                              f"{getattr(mask, 'dtype', type(mask).__name__)}")
+    if not isinstance(source, torch.Tensor):
+        raise ScorchTypeError(f"masked_scatter_: source must be a tensor, got {type(source).__name__}")
+    _same_dtype(x, source, "masked_scatter_")
+    at = mask_points(mask, x._shape)
+    if at is None:   # a dense mask (or one that broadcasts): its True positions, each dim's coordinates
+        mask = _densified(mask, "masked_scatter_: a sparse mask that broadcasts")
+        if broadcast_shapes(tuple(mask.shape), x._shape) != x._shape:
+            raise ScorchValueError(f"masked_scatter_: mask of shape {tuple(mask.shape)} does not broadcast to self's "
+                                   f"shape {x._shape}")
+        lin, _ = key_points(x, mask.expand(x._shape), "masked_scatter_")
+    else:
+        lin = torch.sort(ravel_coords(at, x._shape, at.shape[1])).values   # (row-major: torch's order)
+    if source.numel() < lin.numel():
+        raise ScorchValueError(f"masked_scatter_: source has {source.numel()} elements, fewer than the mask's "
+                               f"{lin.numel()} True positions")
+    write_points(x, lin, source.reshape(-1)[:lin.numel()], "masked_scatter_")
     return x
 
 
