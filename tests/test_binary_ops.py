@@ -489,3 +489,22 @@ def test_complex_in_place_with_a_half_precision_dense_operand():
         A = scorch.as_sparse(x, "csr")
         getattr(A, op)(d16)
         torch.testing.assert_close(A.to_dense(), getattr(x.clone(), op)(d16))
+
+
+def test_writes_torch_refuses_are_refused():
+    """index_put_ wants values of the tensor's dtype (2.5 was truncated into an int tensor) and
+    masked_fill_ a value the dtype holds (1e6 became inf in float16), as torch's; oracle: torch
+    raises on the dense tensor too."""
+    xi = torch.tensor([[1, 0, 3], [0, 5, 0]], dtype=torch.int32)
+    idx, v = (torch.tensor([0]), torch.tensor([1])), torch.tensor([2.5])
+    with pytest.raises(RuntimeError):
+        xi.clone().index_put_(idx, v)
+    with pytest.raises(TypeError, match="dtypes match"):
+        scorch.as_sparse(xi, "csr").index_put_(idx, v)
+    xf = torch.tensor([[1.5, 0, 0]], dtype=torch.float16)
+    for x in (xf.clone(), scorch.as_sparse(xf, "csr")):
+        with pytest.raises(RuntimeError, match="overflow"):
+            x.masked_fill_(xf != 0, 1e6)
+    S = scorch.as_sparse(xf, "csr")
+    S.masked_fill_(xf != 0, 2.0)
+    assert torch.equal(S.to_dense(), xf.masked_fill(xf != 0, 2.0))

@@ -30,7 +30,7 @@ from ..errors import InternalError, NotSupportedError, ScorchTypeError, ScorchVa
 from ..format import Format, dense
 from ..tensor import SparseTensor
 from ._pattern import project, same_pattern, stored
-from .shape import _densified, fill_scalar, mask_points, store_at, stored_hits
+from .shape import _densified, mask_points, store_at, stored_hits
 
 
 def _is_scalar(a) -> bool:
@@ -567,7 +567,8 @@ def _masked_fill_(self, mask, value):
     _check_bool_mask("masked_fill_", mask)
     if not isinstance(self, SparseTensor):
         return self.masked_fill_(_densified(mask, "masked_fill_: the sparse mask"), value)
-    value = fill_scalar(value, self.dtype)   # (an out-of-range value raises, as torch's)
+    # an out-of-range value raises, as torch's (masked_fill_'s own check: 1e6 into float16 too, which fill_ lets be inf)
+    value = torch.zeros((), dtype=self.dtype).masked_fill_(torch.tensor(True), value).item()
     hits = _mask_hits(self, mask)
     if value != 0:
         at = mask_points(mask, self._shape)

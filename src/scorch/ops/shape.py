@@ -873,6 +873,9 @@ def index_put_(x, indices, values, accumulate=False):
     if not isinstance(x, SparseTensor):
         return _dense_call(torch.Tensor.index_put_, x, indices, values, accumulate)
     key = tuple(indices)
+    if isinstance(values, torch.Tensor) and values.dtype != x.dtype:   # (setitem casts; index_put_ does not)
+        raise ScorchTypeError(f"index_put_: values must have the tensor's dtype {x.dtype} (index put requires the "
+                              f"source and destination dtypes match, as torch's), got {values.dtype}")
     if not accumulate:
         setitem(x, key, values)
         return x
