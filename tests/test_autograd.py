@@ -592,3 +592,16 @@ def test_make_dual_of_a_huge_sparse_tensor_does_not_densify():
     with fwAD.dual_level():
         out = fwAD.make_dual(A, A) @ x
         torch.testing.assert_close(fwAD.unpack_dual(out).tangent, A @ x)
+
+
+def test_jacfwd_through_sparse_intermediates_made_inside_the_transform():
+    """A SparseTensor made inside torch.func.jacfwd / jvp ((A @ A) @ y, (A * y).sum(1)) reached
+    torch's unpack_dual below autograd: an internal assert; oracle: the dense functions."""
+    torch.manual_seed(0)
+    D = torch.randn(4, 4, dtype=torch.float64) * (torch.rand(4, 4) < 0.5)
+    A = scorch.as_sparse(D, "csr")
+    x = torch.randn(4, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # (a dense fallback's one-time warning under the transform)
+        for f, g in ((lambda y: (A @ A) @ y, lambda y: (D @ D) @ y), (lambda y: (A * y).sum(1), lambda y: (D * y).sum(1))):
+            torch.testing.assert_close(torch.func.jacfwd(f)(x), torch.func.jacfwd(g)(x))
