@@ -887,6 +887,34 @@ def test_recompression_remembers_the_pattern_not_the_values():
         assert torch.equal(C.asformat("csc").to_dense(), C.to_dense())
 
 
+def test_transposing_back_and_forth_keeps_two_patterns_not_a_chain():
+    """x = x.t().asformat("csr") in a loop: the way back reuses the first pattern's arrays (each
+    result's remembered recompression held the next: a pattern per step stayed alive while the
+    first one did); a pattern rewritten by its owner is recompressed afresh; oracle: dense."""
+    import weakref
+    g = torch.Generator().manual_seed(2)
+    d = torch.randn(50, 40, generator=g) * (torch.rand(50, 40, generator=g) < 0.2)
+    A = scorch.as_sparse(d, "csr")
+    x, seen = A, []
+    for i in range(6):
+        x = x.t().asformat("csr").with_values(x.t().asformat("csr").values().clone())
+        seen.append(weakref.ref(x._crd[1]))
+        assert torch.equal(x.to_dense(), d.t() if i % 2 == 0 else d)
+    assert x._crd[1] is A._crd[1]
+    del x
+    import gc
+    gc.collect()
+    assert len({id(r()) for r in seen if r() is not None}) == 2   # A's and its transpose's, nothing else
+    int32 = lambda c: torch.sparse_csr_tensor(c.crow_indices().int(), c.col_indices().int(), c.values(), c.shape,  # noqa: E731
+                                              check_invariants=True)
+    t = int32(torch.tensor([[0., 1, 0], [2, 0, 3]]).to_sparse_csr())   # (int32: taken without a copy)
+    B = scorch.as_sparse(t)
+    assert torch.equal(B.asformat("csc").to_dense(), t.to_dense())
+    t2 = int32(torch.tensor([[4., 0, 5], [0, 6, 0]]).to_sparse_csr())
+    t.copy_(t2)   # (its owner rewrites the arrays B took without a copy)
+    assert torch.equal(B.asformat("csc").to_dense(), t2.to_dense())
+
+
 PLAIN2 = ["csr", "csc", "dcsr", "dcsc", "coo", "ell"]
 
 

@@ -66,13 +66,17 @@ def recompressed(pos: torch.Tensor, crd: torch.Tensor, values: torch.Tensor, n_m
     / ``values`` (``n_major + 1`` positions, minor coordinates below ``n_minor``, contiguous,
     one integer type for both index arrays), compressed along the minor dimension instead.
     Values of 4 or 8 bytes move inside the kernel, others by the entry order it writes.  The
-    pattern's part is remembered on ``crd`` beside the ``pos`` it came from (a pattern's arrays
-    never change): a pattern recompressed again -- ``A^T X`` in every training step, the
+    pattern's part is remembered on ``crd`` beside the ``pos`` it came from (and their versions): a pattern recompressed again -- ``A^T X`` in every training step, the
     re-formats a schedule asks for per call -- costs one gather of the values (1M: 8 -> 0.8-1.8
     ms).  None without a C compiler or for another index type (the caller converts generally)."""
     cached = getattr(crd, "_scorch_recompressed", None)
-    if cached is not None and cached[0] is pos and cached[1] == n_minor:
+    if cached is not None and cached[0] is pos and cached[1] == n_minor and cached[3] == _versions(pos, crd):
         out_pos, out_crd, perm = cached[2]
+        if perm is None:   # the way back (see below): the inverse permutation, made on first use
+            back = out_crd._scorch_recompressed[2][2]
+            perm = torch.empty_like(back)
+            perm[back] = torch.arange(back.numel(), dtype=back.dtype)
+            crd._scorch_recompressed = (pos, n_minor, (out_pos, out_crd, perm), cached[3])
         return out_pos, out_crd, torch.index_select(values, 0, perm)
     itype = _ITYPES.get(crd.dtype)
     if itype is None or pos.dtype != crd.dtype or not build.have_compiler():
@@ -87,5 +91,15 @@ def recompressed(pos: torch.Tensor, crd: torch.Tensor, values: torch.Tensor, n_m
     args = (values.data_ptr(), out.data_ptr()) if wtype else ()
     _function(itype, wtype)(n_major, n_minor, pos.data_ptr(), crd.data_ptr(), out_pos.data_ptr(), cursor.data_ptr(),
                             out_crd.data_ptr(), perm.data_ptr(), *args)
-    crd._scorch_recompressed = (pos, n_minor, (out_pos, out_crd, perm))
+    crd._scorch_recompressed = (pos, n_minor, (out_pos, out_crd, perm), _versions(pos, crd))
+    # and the way back, to these very arrays: transposing the result again (x = x.t().asformat("csr") in a
+    # loop) reuses them instead of making a new pattern whose cache would hold the next (a chain that
+    # grew by a pattern per step); the two arrays refer to each other: a cycle the collector frees
+    out_crd._scorch_recompressed = (out_pos, n_major, (pos, crd, None), _versions(out_pos, out_crd))
     return out_pos, out_crd, (out if wtype else torch.index_select(values, 0, perm))
+
+
+def _versions(pos: torch.Tensor, crd: torch.Tensor) -> tuple:
+    """The arrays' versions: scorch never writes a pattern, but one taken without a copy (a torch
+    CSR's) may be rewritten by its owner, and the remembered recompression is then stale."""
+    return pos._version, crd._version
