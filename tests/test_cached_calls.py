@@ -129,3 +129,49 @@ def test_the_front_door_s_bound_call_steps_aside_whenever_the_general_path_diffe
     B = scorch.as_sparse(a[:1], "csr")   # a size-1 dim broadcast against the dense operand
     torch.testing.assert_close(scorch.einsum("ij,ij->ij", B, x.expand(6, 5).contiguous()).to_dense(),
                                a[:1] * x.expand(6, 5))
+
+
+def test_the_call_caches_stay_bounded_and_keep_remembering(monkeypatch):
+    """A long run meets new signatures for ever (mini-batches of new sizes): the tables drop their
+    oldest entry when full (they stopped remembering: every later signature took the slow path;
+    one table grew without bound); oracle: dense torch for every call."""
+    from scorch import _memo
+    from scorch.compiler import driver
+    import sys
+    einsum_mod = sys.modules["scorch.ops.einsum"]
+    monkeypatch.setattr(_memo, "LIMIT", 8)
+    g = torch.Generator().manual_seed(0)
+    for n in range(20, 40):
+        d = torch.rand(n, n, generator=g) * (torch.rand(n, n, generator=g) < 0.3)
+        A, x = scorch.as_sparse(d, "csr"), torch.randn(n, 3, generator=g)
+        torch.testing.assert_close(A @ x, d @ x)
+        key = driver._signature("ij,jk->ik", None, (A, x))
+        assert key in driver._BOUND   # the newest signature is remembered
+    assert len(driver._BOUND) <= 8 and len(einsum_mod._DENSE_RESULT) <= 8 and len(einsum_mod._PATHS) <= 8
+
+
+def test_threads_making_the_first_product_on_a_new_pattern_together():
+    """Several threads' first SpMV on a new pattern build its per-entry arrays at once: one builds
+    them (a second build replaced the first while a kernel held only its address: a use after
+    free); oracle: the single-threaded result."""
+    import threading
+    g = torch.Generator().manual_seed(1)
+    n, nnz = 20_000, 400_000
+    base = scorch.from_coo(torch.randint(0, n, (2, nnz), generator=g), torch.rand(nnz, generator=g), (n, n),
+                           format="csr")
+    x = torch.randn(n, generator=g)
+    ref = base.to_dense() @ x
+    for _ in range(4):
+        A = base.clone()   # fresh index arrays: nothing derived yet
+        bar, outs = threading.Barrier(4), [None] * 4
+
+        def work(t):
+            bar.wait()
+            outs[t] = A @ x
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for out in outs:
+            torch.testing.assert_close(out, ref, atol=1e-3, rtol=1e-4)

@@ -343,3 +343,25 @@ def test_smm_hspmm_sspaddmm_stay_sparse_like_torch_sparse(fmt):
         torch.sspaddmm(A, A, X)
     Bk = scorch.as_sparse(x[:, :4], scorch.formats.bsr(2, 2))   # blocks that do not tile the (6, 3) product
     torch.testing.assert_close(torch.smm(Bk, X[:4]).to_dense(), x[:, :4] @ X[:4])
+
+
+def test_linear_with_no_input_features_gives_the_bias():
+    """``F.linear`` of an ``(n, 0)`` input with a sparse ``(3, 0)`` weight (a reshape(-1, 0) could not
+    infer its rows); oracle: torch's linear on the dense weight."""
+    X, W, b = torch.randn(16, 0), torch.zeros(3, 0), torch.arange(3.0)
+    for fmt in ("csr", "coo", "csc"):
+        A = scorch.as_sparse(W, fmt)
+        torch.testing.assert_close(torch.nn.functional.linear(X, A), torch.nn.functional.linear(X, W))
+        torch.testing.assert_close(torch.nn.functional.linear(X, A, b), torch.nn.functional.linear(X, W, b))
+
+
+def test_explain_of_a_permutation_says_what_einsum_returns(monkeypatch):
+    """``einsum("ij->ji", A)`` is A's storage permuted (sparse); explain said a dense path and result
+    when A was denser than the crossover."""
+    monkeypatch.setattr(scorch.config, "dense_threshold", 0.0)
+    A = scorch.as_sparse(torch.tensor([[1., 0, 2], [0, 0, 3]]), "csr")
+    for fmt in (None, "coo"):
+        plan, out = scorch.explain("ij->ji", A, format=fmt), scorch.einsum("ij->ji", A, format=fmt)
+        assert isinstance(out, scorch.SparseTensor) and plan.backend == "permute (no kernel)"
+        assert str(out.format) in plan.output_format
+        assert torch.equal(out.to_dense(), A.to_dense().t())

@@ -16,6 +16,7 @@ COO, CSR -> DCSR, ...) the sort is skipped after an O(nnz) check.
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import torch
@@ -59,9 +60,19 @@ def _derived(pos: torch.Tensor, name: str, make):
             return value
     except AttributeError:
         pass
-    value = make(pos)
-    setattr(pos, name, (pos._version, value))
-    return value
+    with _DERIVING:   # one maker: a second thread's value replaced the first's while a kernel call
+        try:          # held only its address (a use after free: threads' first SpMV on a new pattern)
+            version, value = getattr(pos, name)
+            if version == pos._version:
+                return value
+        except AttributeError:
+            pass
+        value = make(pos)
+        setattr(pos, name, (pos._version, value))
+        return value
+
+
+_DERIVING = threading.RLock()   # (re-entrant: a maker may ask for another derived array)
 
 
 def _parents(pos):

@@ -20,6 +20,7 @@ import torch
 from .. import convert
 from .._dispatch import broadcast_shapes
 from ..errors import InternalError, NotSupportedError, ScorchTypeError, ScorchValueError
+from .._memo import remember
 from ..format import preset, resolve
 from ..interop import as_sparse, from_torch, is_sparse
 from ..tensor import SparseTensor, resolved
@@ -264,7 +265,11 @@ def explain(equation: str, *operands, format=None) -> Plan:
     ops = _operands(operands)
     if len(ops) == 1 and type(ops[0]) is SparseTensor and (perm := permutation(equation, ops[0].dim())) is not None:
         fmt = ops[0].format.permuted(perm)
-        return Plan(equation, (), f"sparse, {fmt} (the operand's storage, its dims reordered)", "none",
+        out = f"sparse, {fmt} (the operand's storage, its dims reordered)" if format is None else \
+            "dense (the operand's storage, its dims reordered, densified)" if format == "dense" else \
+            f"sparse, {resolve(format, ops[0].dim(), arg='einsum: format')} (the operand's storage, its dims " \
+            "reordered, converted)"
+        return Plan(equation, (), out, "none",
                     ("a permutation of a sparse operand's dims reads its storage in another mode order: no kernel",),
                     "", backend="permute (no kernel)")
     plan, ein, ops = _plan(equation, ops, format)[:3]
@@ -320,8 +325,8 @@ def run(key, equation: str, operands: tuple, format, init: tuple, expr=None):
         out = torch.einsum(equation, *ops)  # all dense: torch's BLAS-backed einsum is the right kernel
         return _add_init(out, init)
     result = evaluate(equation, ops, format=format, init=init, expr=expr)
-    if key is not None and len(_BOUND) < 4096 and build.have_compiler():
-        _BOUND[key] = _Bound.make(equation, ops, format, init, expr)
+    if key is not None and build.have_compiler():
+        remember(_BOUND, key, _Bound.make(equation, ops, format, init, expr))
     return result
 
 
@@ -345,8 +350,8 @@ def compiled(equation: str, operands: tuple, init: tuple = ()):
     bound = _DENSE_BOUND.get(key) if key is not None else None
     if bound is None:
         bound = _Bound.make(equation, _operands(operands), None, init)
-        if key is not None and len(_DENSE_BOUND) < 4096:
-            _DENSE_BOUND[key] = bound
+        if key is not None:
+            remember(_DENSE_BOUND, key, bound)
     return bound.call(operands, init)
 
 

@@ -18,6 +18,7 @@ import torch
 import torch.autograd.forward_ad as _fwAD
 
 from .. import config, runtime
+from .._memo import remember
 from .._dispatch import check_dense_size, implements, with_autocast
 from ..compiler import driver
 from ..compiler.notation import parse, permutation
@@ -256,9 +257,7 @@ def _diagonals(equation: str, operands: tuple):
     original's).  Other equations pass through (one dict lookup)."""
     found = _REPEATS.get(equation) if isinstance(equation, str) else ((), equation)
     if found is None:
-        found = _repeats(equation)
-        if len(_REPEATS) < 4096:
-            _REPEATS[equation] = found
+        found = remember(_REPEATS, equation, _repeats(equation))
     repeats, rewritten = found
     if repeats == "ellipsis":   # a term with ... repeats an index: spell the ... out for these shapes, then on
         ein = parse(equation, [tuple(x.shape) for x in operands])
@@ -343,7 +342,7 @@ def _dense_result(equation, ops, format, key=None) -> bool:
     if found is None:
         found = format in (None, "dense") and driver._plan(equation, ops, format)[0].schedule.output[0] == "dense"
         if key is not None:
-            _DENSE_RESULT[key] = found
+            remember(_DENSE_RESULT, key, found)
     return found
 
 
@@ -365,9 +364,7 @@ def _dense_path(equation, operands, format, key=None) -> bool:
     memo = (key, mode, config.dense_threshold, density)
     found = _PATHS.get(memo)
     if found is None:
-        found = decision(equation, operands, format, key).path == "dense"
-        if len(_PATHS) < 4096:
-            _PATHS[memo] = found
+        found = remember(_PATHS, memo, decision(equation, operands, format, key).path == "dense")
     return found
 
 
@@ -381,6 +378,8 @@ def explain(equation: str, *operands, format=None):
     if any(type(x) is SparseTensor and 1 in x._shape for x in operands):
         operands = _broadcast_sparse(equation, operands)
     plan = driver.explain(equation, *operands, format=format)
+    if plan.backend == "permute (no kernel)":   # what einsum returns whatever the dispatch: the storage, permuted
+        return dataclasses.replace(plan, dispatch="sparse (a permutation of one sparse operand: no product)")
     d = decision(equation, operands, format)
     plan = dataclasses.replace(plan, dispatch=f"{d.path} ({d.reason})")
     if d.path == "dense":   # torch.einsum on the densified operands runs instead

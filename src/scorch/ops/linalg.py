@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 
 import torch
@@ -300,7 +301,7 @@ def linear(input, weight, bias=None):
         # (W @ x^T)^T: an SpMM whose dense row (the batch) is contiguous and vectorises,
         # instead of one sparse dot product per (row, output) pair.
         # The bias is added in place after the kernel (a fresh result: no second buffer).
-        flat = input.reshape(-1, input.shape[-1])
+        flat = input.reshape(math.prod(input.shape[:-1]), input.shape[-1])   # (-1 is ambiguous beside a 0)
         ops = (weight, permute.transposed(flat))
         fused = bias is not None and not is_sparse(bias) and bias.dim() == 1
         out = einsum_add("oi,ib->ob", ops, (bias[:, None],)) if fused else einsum("oi,ib->ob", *ops)

@@ -29,6 +29,7 @@ from ..interop import is_torch_sparse, torch_sparse_as_ours
 from ..errors import InternalError, NotSupportedError, ScorchTypeError, ScorchValueError
 from ..format import Format, dense
 from ..tensor import SparseTensor
+from .._memo import remember
 from ._pattern import project, same_pattern, stored
 from .shape import _densified, mask_points, store_at, stored_hits
 
@@ -46,9 +47,7 @@ def _zero_preserving(func, args, kwargs) -> bool:
         return _computes_zero(func, args, kwargs)
     found = _ZERO_PRESERVING.get(key)
     if found is None:
-        found = _computes_zero(func, args, kwargs)
-        if len(_ZERO_PRESERVING) < 4096:
-            _ZERO_PRESERVING[key] = found
+        found = remember(_ZERO_PRESERVING, key, _computes_zero(func, args, kwargs))
     return found
 
 
