@@ -342,3 +342,17 @@ def test_empty_lists_bool_lists_and_uint8_masks_index_as_torch():
     with pytest.warns(UserWarning, match="uint8"):
         got = A[mask]
     assert_dense_equal(got.to_dense(), want)
+
+
+def test_a_mask_of_the_wrong_shape_is_refused_as_torch():
+    """A bool mask whose shape does not match the dims it indexes: torch's IndexError (it was read as
+    the indices of its True entries and wrote there)."""
+    x = torch.tensor([[1., 0, 0], [0, 2, 0], [0, 0, 3]])
+    A = scorch.as_sparse(x, "csr")
+    with pytest.raises(IndexError):
+        x.clone()[torch.tensor([True, False])] = 9.0
+    with pytest.raises(IndexError, match="shape of the mask"):
+        A[torch.tensor([True, False])] = 9.0
+    with pytest.raises(IndexError, match="shape of the mask"):
+        A.index_put_((torch.tensor([[True, False]]),), torch.tensor(1.0), accumulate=True)
+    assert torch.equal(A.to_dense(), x)

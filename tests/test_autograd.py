@@ -605,3 +605,24 @@ def test_jacfwd_through_sparse_intermediates_made_inside_the_transform():
         warnings.simplefilter("ignore")   # (a dense fallback's one-time warning under the transform)
         for f, g in ((lambda y: (A @ A) @ y, lambda y: (D @ D) @ y), (lambda y: (A * y).sum(1), lambda y: (D * y).sum(1))):
             torch.testing.assert_close(torch.func.jacfwd(f)(x), torch.func.jacfwd(g)(x))
+
+
+def test_forward_mode_through_from_coo_and_a_dense_sum():
+    """from_coo of values carrying a tangent (torch.func.jvp, fwAD) kept none (a zero derivative),
+    as did a dual SparseTensor plus / minus a dense tensor; oracle: the dense computations."""
+    import torch.autograd.forward_ad as fwAD
+    idx = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    h = lambda v: (scorch.from_coo(idx, v, (3, 3), format="csr") @ torch.ones(3)).pow(2).sum()   # noqa: E731
+    hd = lambda v: (torch.zeros(3, 3).index_put((idx[0], idx[1]), v) @ torch.ones(3)).pow(2).sum()   # noqa: E731
+    v, t = torch.tensor([1., 2., 3.]), torch.tensor([1., -1., 2.])
+    torch.testing.assert_close(torch.func.jvp(h, (v,), (t,))[1], torch.func.jvp(hd, (v,), (t,))[1])
+    with fwAD.dual_level():
+        d = fwAD.make_dual(v, t)
+        torch.testing.assert_close(fwAD.unpack_dual(h(d)).tangent, fwAD.unpack_dual(hd(d)).tangent)
+    x, tx = torch.tensor([[1., 0], [0, 2.]]), torch.tensor([[1., 0], [0, -1.]])
+    with fwAD.dual_level():
+        A = fwAD.make_dual(scorch.as_sparse(x, "csr"), scorch.as_sparse(tx, "csr"))
+        D = fwAD.make_dual(x, tx)
+        for op in (torch.add, torch.sub):
+            torch.testing.assert_close(fwAD.unpack_dual(op(A, torch.ones(2, 2))).tangent,
+                                       fwAD.unpack_dual(op(D, torch.ones(2, 2))).tangent)

@@ -508,3 +508,13 @@ def test_writes_torch_refuses_are_refused():
     S = scorch.as_sparse(xf, "csr")
     S.masked_fill_(xf != 0, 2.0)
     assert torch.equal(S.to_dense(), xf.masked_fill(xf != 0, 2.0))
+
+
+def test_division_of_an_ell_tensor_leaves_its_padding_alone():
+    """ELL's unused slots read 0 from the divisor: 0 / 0 put NaN in them (values(), gradients)."""
+    x = torch.tensor([[1., 2., 3.], [4., 0., 0.], [0., 5., 0.]])
+    E = scorch.as_sparse(x, "ell")
+    b = torch.tensor([2., 2., 2.])
+    R = E / b
+    assert not torch.isnan(R.values()).any()
+    torch.testing.assert_close(R.to_dense(), x / b)

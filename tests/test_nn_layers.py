@@ -527,3 +527,15 @@ def test_a_cached_layer_never_keeps_learned_edge_weights(make):
     oracle = gcn_oracle if isinstance(layer, GCNConv) else sage_oracle
     torch.testing.assert_close(after, oracle(layer, x, dense_adj(3.0 * graph_weights())))
     assert isinstance(layer, SAGEConv) or not torch.allclose(before, after)
+
+
+def test_sage_learned_weights_summing_to_zero_keep_finite_gradients():
+    """The mean over weights summing to 0 is 0 and its gradient finite (1 / deg masked afterwards
+    sent 0 * inf = NaN back into the weights); oracle: finite, and the dense formula elsewhere."""
+    A = torch.zeros(N, N, dtype=torch.float64)
+    A[0, 1], A[0, 2], A[3, 4] = 1.0, -1.0, 2.0
+    S = scorch.as_sparse(A, "csr")
+    v = S.values().clone().requires_grad_()
+    layer, x = randomize(SAGEConv(5, 3).double()), feats()
+    layer(x, S.with_values(v)).pow(2).sum().backward()
+    assert torch.isfinite(v.grad).all()

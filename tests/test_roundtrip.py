@@ -911,8 +911,10 @@ def test_transposing_back_and_forth_keeps_two_patterns_not_a_chain():
     B = scorch.as_sparse(t)
     assert torch.equal(B.asformat("csc").to_dense(), t.to_dense())
     t2 = int32(torch.tensor([[4., 0, 5], [0, 6, 0]]).to_sparse_csr())
+    C = B.t().asformat("csr")   # (B's transpose remembered, and the way back to B's arrays)
     t.copy_(t2)   # (its owner rewrites the arrays B took without a copy)
     assert torch.equal(B.asformat("csc").to_dense(), t2.to_dense())
+    assert torch.equal(C.t().asformat("csr").to_dense(), C.to_dense().t())   # not B's rewritten pattern
 
 
 PLAIN2 = ["csr", "csc", "dcsr", "dcsc", "coo", "ell"]
@@ -1093,3 +1095,26 @@ def test_boundary_shapes_and_batches_are_checked():
             make()
     small = torch.tensor([[1.0, 2.0, 3.0], [0, 0, 4.0], [0, 0, 0]])
     assert torch.equal(scorch.as_sparse(small, "csr").asformat("ell").to_dense(), small)
+
+
+def test_saving_and_copying_leave_what_scorch_derived_behind():
+    """A pattern converted back and forth remembers its transpose (the two refer to each other) and
+    its rows per entry: torch.save wrote them too -- the cycle made weights_only loading refuse the
+    file (the demo's round trip failed) -- and deepcopy copied them; oracle: the dense tensor."""
+    import copy
+    import io
+    g = torch.Generator().manual_seed(7)
+    d = torch.randn(300, 200, generator=g) * (torch.rand(300, 200, generator=g) < 0.05)
+    A = scorch.as_sparse(d, "csr")
+    plain = io.BytesIO()
+    torch.save(A, plain)
+    A.asformat("csc").asformat("csr")
+    A.t().asformat("csr").t().asformat("csr")
+    A @ torch.randn(200)
+    buf = io.BytesIO()
+    torch.save(A, buf)
+    assert len(buf.getvalue()) == len(plain.getvalue())
+    buf.seek(0)
+    assert torch.equal(torch.load(buf, weights_only=True).to_dense(), d)
+    C = copy.deepcopy(A)
+    assert torch.equal(C.to_dense(), d) and not any(vars(t) for t in (*C._pos, *C._crd) if t is not None)

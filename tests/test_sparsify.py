@@ -225,3 +225,24 @@ def test_a_block_size_that_does_not_divide_is_refused_naming_the_tensor():
     out = sb.get_sparse_model()(x)
     want = model(x)
     torch.testing.assert_close(out.to_dense(), want * (out.to_dense() != 0))
+
+
+def test_a_tied_spec_compares_sparsifiers_holding_tensors():
+    """Two names of a tied parameter set with sparsifiers holding tensors (a user's mask): compared by
+    value (== of tensors raised 'Boolean value of Tensor ... is ambiguous')."""
+    class Masked(KeepAll):
+        def __init__(self, mask):
+            self.keep = mask
+
+        def mask(self, tensor):
+            return self.keep
+    a, b = nn.Linear(4, 4), nn.Linear(4, 4)
+    b.weight = a.weight
+    sb = SparsityBuilder(nn.Sequential(a, b))
+    keep = torch.rand(4, 4, generator=torch.Generator().manual_seed(0)) < 0.5
+    sb.set_weight("0.weight", Masked(keep))
+    sb.set_weight("1.weight", Masked(keep.clone()))   # the same spec
+    with pytest.raises(ValueError, match="same parameter"):
+        sb.set_weight("1.weight", Masked(~keep))
+    model = sb.get_sparse_model()
+    torch.testing.assert_close(model[0].weight.to_dense(), a.weight.detach() * keep)

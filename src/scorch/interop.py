@@ -17,7 +17,8 @@ import torch
 from . import convert
 from .errors import NotSupportedError, ScorchTypeError, ScorchValueError
 from .format import Format, bsc_format, bsr_format, resolve
-from .tensor import SparseTensor, _batched, _unwrapped, check_cpu_values, cpu_entry
+from .tensor import (_FORWARD_AD, SparseTensor, _above_autograd, _batched, _layers_deep, _unwrapped, check_cpu_values,
+                     cpu_entry)
 
 __all__ = ["as_sparse", "from_coo", "is_sparse", "to_torch", "to_scipy", "validate_storage"]
 
@@ -203,7 +204,13 @@ def from_coo(indices, values, shape=None, format="coo", *, index_dtype=None) -> 
 
 
 def _tracked(x: torch.Tensor) -> bool:
-    return x.requires_grad and torch.is_grad_enabled()
+    """Whether values handed in carry derivatives the result must keep: they require grad, a
+    torch.func transform tracks them, or they carry a forward-mode tangent."""
+    if x.requires_grad and torch.is_grad_enabled():
+        return True
+    if torch._C._functorch.maybe_current_level() is not None and _layers_deep(x):
+        return True
+    return _FORWARD_AD._current_level >= 0 and _above_autograd() and _FORWARD_AD.unpack_dual(x).tangent is not None
 
 
 def _in_graph(A: SparseTensor, coords: torch.Tensor, values: torch.Tensor) -> SparseTensor:

@@ -185,6 +185,21 @@ class PerBlockNMSparsifier(Sparsifier):
         return keep.view(w.shape)
 
 
+def _same_state(a: dict, b: dict) -> bool:
+    """Equal attribute dicts (tensors compared by value: ``==`` of two tensors is no bool)."""
+    if a.keys() != b.keys():
+        return False
+    for k, v in a.items():
+        w = b[k]
+        if isinstance(v, torch.Tensor) or isinstance(w, torch.Tensor):
+            if not (isinstance(v, torch.Tensor) and isinstance(w, torch.Tensor) and v.shape == w.shape
+                    and v.dtype == w.dtype and torch.equal(v, w)):
+                return False
+        elif v is not w and v != w:
+            return False
+    return True
+
+
 def _one_spec(method: str, kind: str, specs: dict, objects: dict, name: str, spec, ndim) -> None:
     """Refuse a spec for ``name`` that differs from one set under another name of the same object
     (a tied parameter, a module registered twice): the object gets one."""
@@ -192,7 +207,7 @@ def _one_spec(method: str, kind: str, specs: dict, objects: dict, name: str, spe
     for other, (prev, prev_fmt) in specs.items():
         if other == name or objects[other] is not objects[name]:
             continue
-        same = prev is sparsifier or (type(prev) is type(sparsifier) and vars(prev) == vars(sparsifier))
+        same = prev is sparsifier or (type(prev) is type(sparsifier) and _same_state(vars(prev), vars(sparsifier)))
         if not (same and (prev_fmt == fmt if ndim is None else resolve(prev_fmt, ndim) == resolve(fmt, ndim))):
             raise ScorchValueError(f"SparsityBuilder.{method}: {name!r} is the same {kind} as {other!r}, set "
                                    "already with another sparsifier or format; a shared "

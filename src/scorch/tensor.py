@@ -239,9 +239,10 @@ class SparseTensor(torch.Tensor):
         trip (2 us a read on a SparseTensor) -- or a forward-mode tangent on this tensor
         (``fwAD.make_dual(A, T)``): the ops then take their autograd Functions, whose ``jvp``
         rules carry it (the direct paths compute on the arrays and dropped it)."""
-        with torch._C.DisableTorchFunctionSubclass():
-            if torch.is_grad_enabled() and self.requires_grad:
-                return True
+        if torch.is_grad_enabled():
+            with torch._C.DisableTorchFunctionSubclass():
+                if self.requires_grad:
+                    return True
         return _FORWARD_AD._current_level >= 0 and _has_tangent(self)
 
     def values(self) -> torch.Tensor:
@@ -706,7 +707,7 @@ class SparseTensor(torch.Tensor):
             raise NotSupportedError("torch.save(..., _use_new_zipfile_serialization=False): a SparseTensor cannot be "
                                     "saved in torch's legacy format (its arrays are read back only after it is "
                                     "rebuilt, too late to check them); use the default format")
-        args = (_VERSION, self._format.to_spec(), tuple(self.shape), self._pos, self._crd, self._values,
+        args = (_VERSION, self._format.to_spec(), tuple(self.shape), _bare(self._pos), _bare(self._crd), self._values,
                 self.requires_grad, bool(getattr(self, "_is_param", False)))
         attrs = self._user_attributes()   # kept, as torch keeps a tensor's
         return (_rebuild_sparse, args + (attrs,) if attrs else args)
@@ -725,8 +726,8 @@ class SparseTensor(torch.Tensor):
                                "protocol at the moment (a SparseTensor computed from tensors that require grad "
                                "is not one: deepcopy its .detach())")
         import copy
-        out = SparseTensor(self._format, self.shape, copy.deepcopy(self._pos, memo),
-                           copy.deepcopy(self._crd, memo), copy.deepcopy(self._values, memo),
+        out = SparseTensor(self._format, self.shape, copy.deepcopy(_bare(self._pos), memo),
+                           copy.deepcopy(_bare(self._crd), memo), copy.deepcopy(self._values, memo),
                            requires_grad=self.requires_grad, nnz=self._stored)
         memo[id(self)] = out
         if getattr(self, "_is_param", False):   # as nn.Parameter.__deepcopy__: the data, no grad or attributes
@@ -938,6 +939,13 @@ def _legacy_vmap() -> bool:
     level = torch._C._vmapmode_increment_nesting()
     torch._C._vmapmode_decrement_nesting()
     return level > 1
+
+
+def _bare(arrays) -> tuple:
+    """Index arrays without what scorch keeps on them (per-entry rows, remembered recompressions:
+    derived data -- and a pattern with its transpose's is a cycle, which weights_only loading
+    refuses): aliases of the same storage, attribute-free, for saving and deep copies."""
+    return tuple(None if t is None else t.detach() for t in arrays)
 
 
 def _rebuild_sparse(version, spec, shape, pos, crd, values, requires_grad, param=False, attrs=None):

@@ -70,13 +70,14 @@ def recompressed(pos: torch.Tensor, crd: torch.Tensor, values: torch.Tensor, n_m
     re-formats a schedule asks for per call -- costs one gather of the values (1M: 8 -> 0.8-1.8
     ms).  None without a C compiler or for another index type (the caller converts generally)."""
     cached = getattr(crd, "_scorch_recompressed", None)
-    if cached is not None and cached[0] is pos and cached[1] == n_minor and cached[3] == _versions(pos, crd):
+    if cached is not None and cached[0] is pos and cached[1] == n_minor and cached[3] == _versions(pos, crd) \
+            and (cached[4] is None or cached[4] == _versions(*cached[2][:2])):   # (the way back: its arrays too)
         out_pos, out_crd, perm = cached[2]
         if perm is None:   # the way back (see below): the inverse permutation, made on first use
             back = out_crd._scorch_recompressed[2][2]
             perm = torch.empty_like(back)
             perm[back] = torch.arange(back.numel(), dtype=back.dtype)
-            crd._scorch_recompressed = (pos, n_minor, (out_pos, out_crd, perm), cached[3])
+            crd._scorch_recompressed = (pos, n_minor, (out_pos, out_crd, perm), cached[3], cached[4])
         return out_pos, out_crd, torch.index_select(values, 0, perm)
     itype = _ITYPES.get(crd.dtype)
     if itype is None or pos.dtype != crd.dtype or not build.have_compiler():
@@ -91,11 +92,12 @@ def recompressed(pos: torch.Tensor, crd: torch.Tensor, values: torch.Tensor, n_m
     args = (values.data_ptr(), out.data_ptr()) if wtype else ()
     _function(itype, wtype)(n_major, n_minor, pos.data_ptr(), crd.data_ptr(), out_pos.data_ptr(), cursor.data_ptr(),
                             out_crd.data_ptr(), perm.data_ptr(), *args)
-    crd._scorch_recompressed = (pos, n_minor, (out_pos, out_crd, perm), _versions(pos, crd))
+    crd._scorch_recompressed = (pos, n_minor, (out_pos, out_crd, perm), _versions(pos, crd), None)
     # and the way back, to these very arrays: transposing the result again (x = x.t().asformat("csr") in a
     # loop) reuses them instead of making a new pattern whose cache would hold the next (a chain that
     # grew by a pattern per step); the two arrays refer to each other: a cycle the collector frees
-    out_crd._scorch_recompressed = (out_pos, n_major, (pos, crd, None), _versions(out_pos, out_crd))
+    out_crd._scorch_recompressed = (out_pos, n_major, (pos, crd, None), _versions(out_pos, out_crd),
+                                    _versions(pos, crd))
     return out_pos, out_crd, (out if wtype else torch.index_select(values, 0, perm))
 
 

@@ -144,7 +144,8 @@ def _mean_adj(adj, n: int, dtype) -> SparseTensor:
     row, col, w = _edges(adj, n, "SAGEConv")
     w = torch.ones(row.numel(), dtype=dtype) if w is None else w.to(dtype)
     deg = torch.zeros(n, dtype=dtype).index_add_(0, row, w)
-    inv = deg.reciprocal().masked_fill(deg == 0, 0)   # weights summing to 0: no mean (0, as no neighbours)
+    none = deg == 0   # weights summing to 0: no mean (0, as no neighbours); 1 / 1 there keeps the gradient finite
+    inv = torch.where(none, 0, torch.where(none, 1, deg).reciprocal())
     return _csr(row, col, w * inv[row], n)
 
 

@@ -24,7 +24,7 @@ from ..errors import ScorchTypeError, ScorchValueError
 from ..interop import from_torch, is_torch_sparse
 from ..tensor import SparseTensor
 from ._pattern import _lookup, in_pattern, project, same_pattern
-from ..tensor import _layers_deep
+from ..tensor import _FORWARD_AD, _layers_deep
 from .einsum import _any_requires_grad, _functorch_level, _stand_in, _stood_in, einsum
 from .pointwise import refuse_bool_subtraction
 
@@ -53,9 +53,12 @@ def binary(op: str, a, b, func, args, kwargs):
         if op == "*" and isinstance(a, SparseTensor) and isinstance(b, SparseTensor):
             return _broadcast_product(a, b, shape)
         return densified(func, args, kwargs)
-    if op != "*" and _functorch_level() is not None and any(
-            isinstance(x, torch.Tensor) and not isinstance(x, SparseTensor) and _layers_deep(x) for x in (a, b)):
-        return densified(func, args, kwargs)   # a dense operand torch.func tracks (vmap's batch): torch's op
+    if op != "*" and ((_functorch_level() is not None and any(
+            isinstance(x, torch.Tensor) and not isinstance(x, SparseTensor) and _layers_deep(x) for x in (a, b)))
+            or (_FORWARD_AD._current_level >= 0 and any(isinstance(x, SparseTensor) and x._needs_grad()
+                                                         for x in (a, b)))):
+        return densified(func, args, kwargs)   # a dense operand torch.func tracks (vmap's batch), a forward-mode
+        # tangent on a sparse one (the kernels carry none): torch's op on the dense copies
     if op == "/":
         if isinstance(b, SparseTensor) or bool((b == 0).any()):
             return densified(func, args, kwargs)  # x/0 at absent entries: the result is dense
@@ -84,6 +87,7 @@ def _divided(a: SparseTensor, b: torch.Tensor, shape: tuple) -> SparseTensor:
     dtype = _result_dtype(a, b)
     dtype = dtype if dtype.is_floating_point or dtype.is_complex else torch.get_default_dtype()
     at = project(b.expand(shape), a)
+    at = at.masked_fill(at == 0, 1)   # b has no zeros: a 0 is an unused slot's (ELL's padding: 0 / 0 was NaN)
     return a.with_values(torch.div(a.values().to(dtype), at.to(dtype)))
 
 

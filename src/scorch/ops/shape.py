@@ -685,7 +685,10 @@ def key_points(x: SparseTensor, key, op: str):
     order of its elements, and its shape -- any key torch takes, checked by torch (on a meta tensor
     for the shape, on stride-0 aranges for the positions): memory for the selected positions
     only, never the dense shape."""
-    key = _bools_as_indices(key)
+    masks = _bools_as_indices(key)
+    if masks is not key:   # torch's own checks of a mask's shape (IndexError), on a stride-0 tensor
+        torch.zeros((), dtype=torch.bool).expand(x._shape)[key]
+    key = masks
     shape = tuple(torch.empty(x._shape, device="meta")[key].shape)
     k = math.prod(shape)
     _check_store_size(x, k, op)
