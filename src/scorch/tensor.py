@@ -20,6 +20,7 @@ import operator
 import threading
 
 import torch
+import torch.autograd.forward_ad as _FORWARD_AD
 
 from . import convert
 from .errors import NotSupportedError, ScorchIndexError, ScorchTypeError, ScorchValueError
@@ -843,7 +844,6 @@ def check_cpu_values(values, arg: str) -> None:
 
 
 _mode_stack = torch._C._len_torch_function_stack   # 0 unless a torch-function mode is on (~30 ns)
-import torch.autograd.forward_ad as _FORWARD_AD  # noqa: E402
 _UNPACKING = threading.local()
 
 
