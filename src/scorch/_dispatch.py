@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from . import config
+from ._memo import remember
 from .errors import NotSupportedError, ScorchTypeError, ScorchValueError
 from .interop import check_foreign, check_torch_sparse
 from .tensor import SparseTensor
@@ -436,8 +437,8 @@ def _check_result_size(func, args, kwargs, tensors) -> None:
                 return
             size = [sum(o.numel() * o.element_size() for o in (out if isinstance(out, (tuple, list)) else (out,))
                         if isinstance(o, torch.Tensor))]
-            if key is not None and len(_RESULT_BYTES) < 4096:
-                _RESULT_BYTES[key] = size
+            if key is not None:
+                remember(_RESULT_BYTES, key, size)
     inputs = sum(a.numel() * (a._values if isinstance(a, SparseTensor) else a).element_size() for a in shaped)
     if sum(size) > limit and sum(size) > 4 * inputs:   # (a result many times its inputs' dense copies)
         raise NotSupportedError(

@@ -21,7 +21,8 @@ import threading
 import numpy as np
 import torch
 
-from .errors import InternalError, ScorchValueError
+from . import config
+from .errors import InternalError, NotSupportedError, ScorchValueError
 from .format import Format, preset
 
 _I64 = torch.int64
@@ -323,10 +324,8 @@ def check_padding(rows: int, slots: int, nnz: int, value_size: int, shape) -> No
     """Refuse a padded level (ELL) whose ``rows x slots`` -- every row padded to the longest -- would
     take more than ``config.dense_fallback_max_bytes`` (and many times what is stored): one dense
     row of a 10^5 x 10^5 matrix asked for 80 GB."""
-    from . import config
     limit, total = config.dense_fallback_max_bytes, rows * slots
     if limit is not None and total > 4 * max(nnz, 1 << 22) and total * (8 + value_size) > limit:
-        from .errors import NotSupportedError
         raise NotSupportedError(f"a padded level (ELL) of shape {tuple(shape)} pads its {rows} rows to the longest "
                                 f"({slots} entries): {total * (8 + value_size) / 2**30:.1f} GiB for {nnz} stored, over "
                                 f"scorch.config.dense_fallback_max_bytes = {limit / 2**30:.1f} GiB; a format without "

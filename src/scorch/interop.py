@@ -17,7 +17,7 @@ import torch
 from . import convert
 from .errors import NotSupportedError, ScorchTypeError, ScorchValueError
 from .format import Format, bsc_format, bsr_format, resolve
-from .tensor import (_FORWARD_AD, SparseTensor, _above_autograd, _batched, _layers_deep, _unwrapped, check_cpu_values,
+from .tensor import (_FORWARD_AD, SparseTensor, _batched, _has_tangent, _layers_deep, _unwrapped, check_cpu_values,
                      cpu_entry)
 
 __all__ = ["as_sparse", "from_coo", "is_sparse", "to_torch", "to_scipy", "validate_storage"]
@@ -210,7 +210,7 @@ def _tracked(x: torch.Tensor) -> bool:
         return True
     if torch._C._functorch.maybe_current_level() is not None and _layers_deep(x):
         return True
-    return _FORWARD_AD._current_level >= 0 and _above_autograd() and _FORWARD_AD.unpack_dual(x).tangent is not None
+    return _FORWARD_AD._current_level >= 0 and _has_tangent(x)
 
 
 def _in_graph(A: SparseTensor, coords: torch.Tensor, values: torch.Tensor) -> SparseTensor:

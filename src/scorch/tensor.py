@@ -853,9 +853,10 @@ def _above_autograd() -> bool:
     return not torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.ADInplaceOrView)
 
 
-def _has_tangent(x: SparseTensor) -> bool:
-    """Whether ``x`` carries a forward-mode tangent (torch's ``unpack_dual`` reaches scorch's
-    dispatch, whose view handling asks this again: not while it runs)."""
+def _has_tangent(x: torch.Tensor) -> bool:
+    """Whether ``x`` (a SparseTensor or a dense tensor) carries a forward-mode tangent -- False below
+    autograd, where torch's ``unpack_dual`` must not run, and while it runs (on a SparseTensor it
+    reaches scorch's dispatch, whose view handling asks this again)."""
     if getattr(_UNPACKING, "on", False) or not _above_autograd():
         return False
     _UNPACKING.on = True

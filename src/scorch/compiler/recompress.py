@@ -66,9 +66,9 @@ def recompressed(pos: torch.Tensor, crd: torch.Tensor, values: torch.Tensor, n_m
     / ``values`` (``n_major + 1`` positions, minor coordinates below ``n_minor``, contiguous,
     one integer type for both index arrays), compressed along the minor dimension instead.
     Values of 4 or 8 bytes move inside the kernel, others by the entry order it writes.  The
-    pattern's part is remembered on ``crd`` beside the ``pos`` it came from (and their versions): a pattern recompressed again -- ``A^T X`` in every training step, the
-    re-formats a schedule asks for per call -- costs one gather of the values (1M: 8 -> 0.8-1.8
-    ms).  None without a C compiler or for another index type (the caller converts generally)."""
+    pattern's part is remembered on ``crd`` beside the ``pos`` it came from (and their versions): a
+    pattern recompressed again -- ``A^T X`` in every training step, the re-formats a schedule asks
+    for per call -- costs one gather of the values (1M: 8 -> 0.8-1.8 ms).  None without a C compiler or for another index type (the caller converts generally)."""
     cached = getattr(crd, "_scorch_recompressed", None)
     if cached is not None and cached[0] is pos and cached[1] == n_minor and cached[3] == _versions(pos, crd) \
             and (cached[4] is None or cached[4] == _versions(*cached[2][:2])):   # (the way back: its arrays too)

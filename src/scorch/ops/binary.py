@@ -22,9 +22,8 @@ from ..compiler import driver
 from ..compiler.notation import Access, Op
 from ..errors import ScorchTypeError, ScorchValueError
 from ..interop import from_torch, is_torch_sparse
-from ..tensor import SparseTensor
+from ..tensor import _FORWARD_AD, SparseTensor, _layers_deep
 from ._pattern import _lookup, in_pattern, project, same_pattern
-from ..tensor import _FORWARD_AD, _layers_deep
 from .einsum import _any_requires_grad, _functorch_level, _stand_in, _stood_in, einsum
 from .pointwise import refuse_bool_subtraction
 

@@ -25,7 +25,7 @@ from ..compiler.notation import parse, permutation
 from ..errors import NotSupportedError, ScorchTypeError, ScorchValueError
 from ..format import Format
 from ..interop import is_torch_sparse
-from ..tensor import SparseTensor, _above_autograd, _legacy_vmap, _mode_stack, on_cpu
+from ..tensor import SparseTensor, _above_autograd, _has_tangent, _legacy_vmap, _mode_stack, on_cpu
 from ..tensor import _unwrapped as _without_wrappers
 from ._pattern import in_pattern, project
 
@@ -202,8 +202,7 @@ def _tangent_sum(run, equation: str, format, ops: tuple, tangents):
 
 def _dual(tensors) -> bool:
     """Whether a forward-mode AD level is on and some operand carries a tangent (a dual tensor)."""
-    return _above_autograd() and any(isinstance(x, torch.Tensor) and _fwAD.unpack_dual(x).tangent is not None
-                                     for x in tensors)
+    return any(isinstance(x, torch.Tensor) and _has_tangent(x) for x in tensors)
 
 
 def _cached(equation: str, operands: tuple):

@@ -18,8 +18,8 @@ from .._dispatch import accepts_out, broadcast_shapes, check_dense_size, dense_f
 from ..errors import ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
 from .reduce import _entries
-from .shape import (_dense_call, _densified, _dim, dense_entries, getitem, mask_points, refuse_grad, values_at,
-                    write_points)
+from .shape import (_dense_call, _densified, _dim, along, dense_entries, getitem, mask_points, refuse_grad,
+                    values_at, write_points)
 
 __all__ = ["take", "gather", "take_along_dim", "masked_select", "index_add", "index_add_", "embedding", "embedding_bag"]
 
@@ -86,12 +86,7 @@ def take_along_dim(input, indices, dim=None):
         raise ScorchTypeError(f"take_along_dim: indices must be int64 (as torch requires), got {indices.dtype}")
     x = input
     if dim is None:   # (torch does not wrap a negative flat index here)
-        flat = indices.reshape(-1)
-        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= x.numel()):
-            bad = int(flat.min()) if int(flat.min()) < 0 else int(flat.max())
-            raise ScorchIndexError(f"take_along_dim: index {bad} is out of bounds for the flattened input of "
-                                   f"{x.numel()} elements (expected [0, {x.numel() - 1}])")
-        return take(x, flat)
+        return take(x, _in_range(indices.reshape(-1), x.numel(), "take_along_dim", "the flattened input"))
     d = _dim(dim, x.dim(), "take_along_dim")
     if indices.dim() != x.dim():
         raise ScorchValueError(f"take_along_dim: input and indices should have the same number of dimensions, got "
@@ -151,8 +146,8 @@ def _touched(op: str, self: SparseTensor, args):
         index = _integer(index, op)
         torch.empty(self.shape, dtype=self.dtype, device="meta").index_reduce_(
             d, index.to("meta"), source.to("meta"), *rest)
-        index = _in_range(index.reshape(-1), self.shape[d], d, op)
-        return _positions(self.shape, source.shape, d, index[_along(source.shape, d)]), (source.reshape(-1), *rest)
+        index = _in_range(index.reshape(-1), self.shape[d], op, f"dimension {d}")
+        return _positions(self.shape, source.shape, d, index[along(source.shape, d)]), (source.reshape(-1), *rest)
     index = _integer(index, op)   # scatter family: (dim, index, src or value, ...), one per index element
     src = rest.pop(0) if rest else None   # (None: scatter_(dim, index, value=v))
     if index.dim() != self.dim() and index.numel():
@@ -166,22 +161,17 @@ def _touched(op: str, self: SparseTensor, args):
     for e in range(index.dim()):
         if e != d and index.shape[e] > self.shape[e]:
             raise ScorchIndexError(f"{op}: index's size {index.shape[e]} at dim {e} exceeds self's {self.shape[e]}")
-    index = _in_range(index, self.shape[d], d, op)
+    index = _in_range(index, self.shape[d], op, f"dimension {d}")
     return _positions(self.shape, index.shape, d, index), (*([] if src is None else [src]), *rest)
 
 
-def _in_range(index: torch.Tensor, size: int, d: int, op: str) -> torch.Tensor:
-    """``index`` (int64) checked within ``[0, size)``: torch's scatters do not wrap negatives."""
+def _in_range(index: torch.Tensor, size: int, op: str, where: str) -> torch.Tensor:
+    """``index`` (int64) checked within ``[0, size)`` of ``where`` (a dimension, the flattened
+    input): torch's scatters, index_add and take_along_dim do not wrap negatives."""
     if index.numel() and (int(index.min()) < 0 or int(index.max()) >= size):
         bad = int(index.min()) if int(index.min()) < 0 else int(index.max())
-        raise ScorchIndexError(f"{op}: index {bad} is out of bounds for dimension {d} with size {size}")
+        raise ScorchIndexError(f"{op}: index {bad} is out of bounds for {where} with size {size}")
     return index.to(torch.int64)
-
-
-def _along(shape, d: int) -> torch.Tensor:
-    """The ``d``-th coordinate of every element of a tensor of ``shape`` (stride-0 arange, materialised
-    for its elements only)."""
-    return torch.arange(shape[d]).reshape([-1 if e == d else 1 for e in range(len(shape))]).expand(shape)
 
 
 def _positions(shape, box, d: int, at: torch.Tensor) -> torch.Tensor:
@@ -189,7 +179,7 @@ def _positions(shape, box, d: int, at: torch.Tensor) -> torch.Tensor:
     ``d``-th coordinate replaced by ``at`` (of shape ``box``); 1-d."""
     lin = torch.zeros(at.numel(), dtype=torch.int64)
     for e, n in enumerate(shape):
-        lin = lin * n + (at if e == d else _along(box, e)).reshape(-1)
+        lin = lin * n + (at if e == d else along(box, e)).reshape(-1)
     return lin
 
 
@@ -203,12 +193,10 @@ def _index_add_into(self, dim, index, source, alpha, op: str):
                                f"{self.dim()}")
     if self.numel() == 0:   # (torch adds nothing, whatever the index)
         return self
-    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= self.shape[d]):   # (torch's: no wrapping)
-        bad = int(index.min()) if int(index.min()) < 0 else int(index.max())
-        raise ScorchIndexError(f"{op}: index {bad} is out of bounds for dim {d} of size {self.shape[d]}")
+    index = _in_range(index, self.shape[d], op, f"dimension {d}")
     coords, vals = _entries(source) if isinstance(source, SparseTensor) else dense_entries(source)
     coords = coords.clone()
-    coords[d] = index.to(torch.int64)[coords[d]]
+    coords[d] = index[coords[d]]
     return self.index_put_(tuple(coords), (vals if alpha == 1 else vals * alpha).to(self.dtype), accumulate=True)
 
 

@@ -695,9 +695,14 @@ def key_points(x: SparseTensor, key, op: str):
     _check_linear(x._shape)
     lin = torch.zeros(k, dtype=_I64)
     for d, n in enumerate(x._shape):
-        axis = torch.arange(n, dtype=_I64).reshape([-1 if e == d else 1 for e in range(x.dim())]).expand(x._shape)
-        lin = lin * n + axis[key].reshape(-1)
+        lin = lin * n + along(x._shape, d)[key].reshape(-1)
     return lin, shape
+
+
+def along(shape, d: int) -> torch.Tensor:
+    """The ``d``-th coordinate of every element of a tensor of ``shape`` (a stride-0 arange: indexing
+    it materialises the selected elements only)."""
+    return torch.arange(shape[d], dtype=_I64).reshape([-1 if e == d else 1 for e in range(len(shape))]).expand(shape)
 
 
 def broadcast_value(value, shape, dtype, op: str) -> torch.Tensor:
