@@ -18,8 +18,8 @@ from .._dispatch import accepts_out, broadcast_shapes, check_dense_size, dense_f
 from ..errors import ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
 from .reduce import _entries
-from .shape import (_dense_call, _densified, _dim, along, dense_entries, getitem, mask_points, refuse_grad,
-                    values_at, write_points)
+from .assign import _densified, mask_points, refuse_grad, values_at, write_points
+from .shape import _dense_call, _dim, along, dense_entries, getitem
 
 __all__ = ["take", "gather", "take_along_dim", "masked_select", "index_add", "index_add_", "embedding", "embedding_bag"]
 

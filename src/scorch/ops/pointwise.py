@@ -31,7 +31,7 @@ from ..format import Format, dense
 from ..tensor import SparseTensor
 from .._memo import remember
 from ._pattern import project, same_pattern, stored
-from .shape import _densified, mask_points, store_at, stored_hits
+from .assign import _densified, mask_points, store_at, stored_hits
 
 
 def _is_scalar(a) -> bool:
@@ -297,7 +297,7 @@ def _in_place_with_dense(func, args, kwargs, x: SparseTensor):
         raise NotSupportedError(f"{name}: in place on a SparseTensor with dense operands is not supported for this "
                                 "op; use the out-of-place op")
     if bad.numel():   # the op makes entries x does not store nonzero (Adam's state after its parameter grew):
-        from .shape import store_zeros_at   # they join the pattern, as a write's do (zeros, then the op)
+        from .assign import store_zeros_at   # they join the pattern, as a write's do (zeros, then the op)
         if torch.is_grad_enabled() and x.requires_grad:
             raise NotSupportedError(f"{name}: in place on a SparseTensor that requires grad would add entries to "
                                     "its pattern, which autograd does not record; use the out-of-place op")
@@ -561,7 +561,7 @@ def _masked_fill(self, mask, value):
 @implements_aten(torch.ops.aten.masked_fill_.Scalar, torch.ops.aten.masked_fill_.Tensor)
 def _masked_fill_(self, mask, value):
     """In place: the masked stored values take ``value``; a nonzero value where nothing is stored
-    joins the pattern (as ``x[mask] = value`` does: :func:`~scorch.ops.shape.store_at`)."""
+    joins the pattern (as ``x[mask] = value`` does: :func:`~scorch.ops.assign.store_at`)."""
     value = _fill_value(value)
     _check_bool_mask("masked_fill_", mask)
     if not isinstance(self, SparseTensor):
