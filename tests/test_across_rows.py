@@ -159,7 +159,7 @@ def test_other_types_keep_the_row_wise_loop(dtype, index):
     A = scorch.as_sparse(T)
     if index == torch.int64:  # chosen automatically only past 2**31 entries: widen by hand
         wide = lambda ts: tuple(t.long() if t is not None else None for t in ts)  # noqa: E731
-        A = scorch.SparseTensor(A._format, A._shape, wide(A._pos), wide(A._crd), A._values, nnz=A._stored)
+        A = scorch.SparseTensor(A._format, A._shape, wide(A._pos), wide(A._crd), A._vals, nnz=A._stored)
     assert A._crd[1].dtype == index
     x = torch.randn(128, dtype=dtype)
     assert "scorch_seg_block" not in scorch.explain("ij,j->i", A, x).source

@@ -246,7 +246,7 @@ def test_dense_gradients_reach_a_sparse_leaf_in_its_pattern(how):
     elif how == "Parameter":
         A = torch.nn.Parameter(A)
     else:
-        A = scorch.SparseTensor(A.format, A.shape, A._pos, A._crd, A._values.clone(), requires_grad=True)
+        A = scorch.SparseTensor(A.format, A.shape, A._pos, A._crd, A._vals.clone(), requires_grad=True)
     x = torch.arange(4, dtype=torch.float64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # exp of a SparseTensor: computed on the dense tensor, by design

@@ -218,9 +218,9 @@ def test_in_place_ops_with_dense_operands_keep_the_pattern(scale, fmt):
     the dense op."""
     x = rnd(6, 4)
     A = scorch.as_sparse(x, scorch.formats.bsr(2, 2) if fmt == "bsr" else fmt)
-    on = A._like(values=torch.ones(A._values.shape), nnz=A._stored).to_dense() != 0
+    on = A._like(values=torch.ones(A._vals.shape), nnz=A._stored).to_dense() != 0
     X = SCALES[scale](x).to(x.dtype)
-    G = A._like(values=torch.linspace(-1, 1, A._values.numel(), dtype=x.dtype), nnz=A._stored)
+    G = A._like(values=torch.linspace(-1, 1, A._vals.numel(), dtype=x.dtype), nnz=A._stored)
     nnz, want = A.nnz, x.clone()
     for op in (lambda t, X, G: t.mul_(X), lambda t, X, G: t.div_(X), lambda t, X, G: t.addcdiv_(G, X, value=-0.5),
                lambda t, X, G: t.lerp_(X, 0.25)):
@@ -322,7 +322,7 @@ def test_foreach_ops_over_lists_holding_sparse_tensors():
     place on the stored values, out of place as the single op gives it; oracle: the dense tensors."""
     x, d = rnd(5, 6), rnd(5, 6, density=1, seed=7)
     A, D = scorch.as_sparse(x, "csr"), d.clone()
-    G = A._like(values=torch.linspace(-1, 1, A._values.numel(), dtype=x.dtype), nnz=A._stored)
+    G = A._like(values=torch.linspace(-1, 1, A._vals.numel(), dtype=x.dtype), nnz=A._stored)
     on = x != 0
     g = G.to_dense()
     torch._foreach_mul_([A, D], 2.0)

@@ -131,7 +131,7 @@ def test_elementwise_out(name):
         assert f(A, B, out=out) is out
     torch.testing.assert_close(out, want)
     C = A.clone()
-    values = C._values
+    values = C._vals
     assert f(A, B, out=C) is C
     torch.testing.assert_close(C.to_dense(), want)
-    assert (C._values is values) == in_pattern   # in place in its pattern, new storage otherwise
+    assert (C._vals is values) == in_pattern   # in place in its pattern, new storage otherwise

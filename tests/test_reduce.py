@@ -178,7 +178,7 @@ def test_softmax_kernel_with_dense_levels_below(monkeypatch, dtype, log, levels,
     dense = torch.randn(*shape, generator=g, dtype=dtype) * 3 * keep
     x = scorch.as_sparse(dense, Format(tuple(Level(k) for k in levels)))
     present = torch.zeros(shape, dtype=torch.bool)
-    coords, _ = scorch.convert.coords_of(x._format, x._shape, x._pos, x._crd, x._values)
+    coords, _ = scorch.convert.coords_of(x._format, x._shape, x._pos, x._crd, x._vals)
     present[tuple(coords)] = True
     with torch.no_grad():
         got = (torch.log_softmax if log else torch.softmax)(x, dim)
@@ -363,7 +363,7 @@ def test_losses_of_sparse_operands(loss, reduction, fa, fb):
     w = torch.randn(want.shape, dtype=torch.float64)
     (got * w).sum().backward()
     (want * w).sum().backward()
-    on = A.detach()._like(values=torch.ones(A._values.shape), nnz=A._stored).to_dense() != 0
+    on = A.detach()._like(values=torch.ones(A._vals.shape), nnz=A._stored).to_dense() != 0
     torch.testing.assert_close(A.grad.to_dense(), torch.where(on, x.grad, 0.0))
 
 

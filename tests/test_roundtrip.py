@@ -359,7 +359,7 @@ def test_t_2d_every_format(case):
     # csr transposed is csc of the transpose (no copy)
     A = scorch.as_sparse(x, "csr")
     assert A.t().format == scorch.formats.csc
-    assert A.t()._values is A._values
+    assert A.t()._vals is A._vals
 
 
 @FAST

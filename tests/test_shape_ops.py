@@ -132,7 +132,7 @@ def test_reshape_keeps_the_stored_entries():
 def test_reshape_to_the_same_shape_shares_storage():
     A = scorch.as_sparse(sample((3, 4)), "csr")
     B = A.reshape(3, 4)
-    assert B._values.data_ptr() == A._values.data_ptr() and B.shape == A.shape
+    assert B._vals.data_ptr() == A._vals.data_ptr() and B.shape == A.shape
 
 
 @pytest.mark.parametrize("fmt", ["coo", "csr", "csc", "ell"])
@@ -1050,7 +1050,7 @@ def test_setitem_property(data):
     else:
         value = make_dense(selected_shape, data.draw(densities), data.draw(seeds), x.dtype)
     y[key] = value
-    stored = A._like(values=torch.ones(A._values.shape), nnz=A._stored).to_dense() != 0
+    stored = A._like(values=torch.ones(A._vals.shape), nnz=A._stored).to_dense() != 0
     fmt = A.format
     A[key] = value
     assert_dense_equal(A.to_dense(), y)

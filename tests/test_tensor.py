@@ -440,7 +440,7 @@ def test_kernel_results_on_a_pattern_match_the_constructor(dtype):
     assert (got.format, got.shape, got.dtype, got.nnz, got._sig) == (want.format, want.shape, want.dtype, want.nnz,
                                                                      want._sig)
     torch.testing.assert_close(got.to_dense(), want.to_dense())
-    assert got._values is v and not got.requires_grad
+    assert got._vals is v and not got.requires_grad
 
 
 @pytest.mark.parametrize("fmt, shape", [("csr", (3, 4)), ("coo", (2, 3, 4)), ("csf", (2, 2, 3)), ("dense", (5,)),
@@ -495,7 +495,7 @@ def test_to_with_copy_never_shares_the_values(x):
     neither dtype nor device changed): an in-place update of the copy leaves the source alone."""
     A = scorch.as_sparse(x, "csr")
     for B in (A.to(copy=True), A.to(A.dtype, copy=True), A.to(torch.float64, copy=True)):
-        assert B._values.data_ptr() != A._values.data_ptr()
+        assert B._vals.data_ptr() != A._vals.data_ptr()
         B.mul_(0)
         assert torch.equal(A.to_dense(), x)
 
@@ -613,3 +613,11 @@ def test_copy_from_another_pattern_copies_the_values():
         dst.weight.mul_(2)
     assert torch.equal(src.weight.detach().to_dense(), before)
     assert torch.equal(dst.weight.detach().to_dense(), 2 * before)
+
+
+def test_underscore_values_is_torch_coo_method():
+    # torch COO code (PyG, SparseAdam) calls x._values(); scorch's own array attribute shadowed it
+    dense = torch.tensor([[1., 0.], [0., 2.]])
+    A = scorch.as_sparse(dense, format="coo")
+    assert torch.equal(A._values(), dense.to_sparse()._values())
+    assert torch.equal(A._indices(), dense.to_sparse()._indices())

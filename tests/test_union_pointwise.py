@@ -43,7 +43,7 @@ OPS = {  # name: (f, zero-preserving)
 
 def pattern(x: scorch.SparseTensor) -> torch.Tensor:
     """Where ``x`` stores an entry (explicit zeros included), as a dense bool tensor."""
-    return x._like(values=torch.ones(x._values.shape), nnz=x._stored).to_dense() != 0
+    return x._like(values=torch.ones(x._vals.shape), nnz=x._stored).to_dense() != 0
 
 
 def check(name, A, B, exact_union=True):

@@ -160,7 +160,7 @@ def write_out(name: str, result, out, densify: bool = False):
         # a SparseTensor storing every position takes any result of its shape, read at its positions
         _check_out_dtype(name, result.dtype, out.dtype)
         from .ops._pattern import project
-        out._values.copy_(project(result.to_dense() if isinstance(result, SparseTensor) else result, out))
+        out._vals.copy_(project(result.to_dense() if isinstance(result, SparseTensor) else result, out))
         torch.autograd.graph.increment_version(out)
         return out
     if densify and isinstance(out, SparseTensor):
@@ -171,7 +171,7 @@ def write_out(name: str, result, out, densify: bool = False):
                                         f"{tuple(result.shape)}; use the returned tensor")
             with torch.no_grad():   # another pattern: out takes the result's, as copy_ does (amsgrad's
                 return out.copy_(result)   # maximum(max_sq, sq, out=max_sq) after the parameter grew)
-        out._values.copy_(result._values)
+        out._vals.copy_(result._vals)
         torch.autograd.graph.increment_version(out)
         return out
     if isinstance(result, SparseTensor) and type(out) is torch.Tensor and out.layout == torch.strided:
@@ -265,7 +265,7 @@ def torch_dispatch(func, types, args, kwargs):
         if type(t) is SparseTensor:
             if getattr(t, "_grad_view", False):
                 check_write(func.overloadpacket.__name__, t)
-            targets.append(t._values)
+            targets.append(t._vals)
     out = _run(func, args, kwargs)
     if targets:   # the version autograd's saved values (and every alias's values()) carry
         _bump_versions(tuple(targets))
@@ -364,7 +364,7 @@ def check_dense_size(what: str, tensors) -> None:
     """Raise when the dense copies of the SparseTensors among ``tensors`` would exceed
     ``config.dense_fallback_max_bytes`` (``what`` starts the message: the op and why)."""
     limit = config.dense_fallback_max_bytes
-    size = sum(a.numel() * a._values.element_size() for a in tensors if isinstance(a, SparseTensor))
+    size = sum(a.numel() * a._vals.element_size() for a in tensors if isinstance(a, SparseTensor))
     if limit is not None and size > limit:
         raise NotSupportedError(
             f"{what} its dense copy would take {size / 2**30:.1f} GiB, over "
@@ -410,7 +410,7 @@ def _check_result_size(func, args, kwargs, tensors) -> None:
     if limit is None or not sparse:
         return
     shaped = [a for a in tensors if isinstance(a, torch.Tensor)]
-    item = max(a.element_size() if not isinstance(a, SparseTensor) else a._values.element_size() for a in shaped)
+    item = max(a.element_size() if not isinstance(a, SparseTensor) else a._vals.element_size() for a in shaped)
     if hasattr(func, "tags") and torch.Tag.pointwise in func.tags:
         if len({tuple(a.shape) for a in shaped if a.dim()}) <= 1:
             return   # (no broadcast: the result is an input's size)
@@ -439,7 +439,7 @@ def _check_result_size(func, args, kwargs, tensors) -> None:
                         if isinstance(o, torch.Tensor))]
             if key is not None:
                 remember(_RESULT_BYTES, key, size)
-    inputs = sum(a.numel() * (a._values if isinstance(a, SparseTensor) else a).element_size() for a in shaped)
+    inputs = sum(a.numel() * (a._vals if isinstance(a, SparseTensor) else a).element_size() for a in shaped)
     if sum(size) > limit and sum(size) > 4 * inputs:   # (a result many times its inputs' dense copies)
         raise NotSupportedError(
             f"{_name_of(func)} of a SparseTensor gives a dense result here, of {sum(size) / 2**30:.1f} GiB, over "
@@ -535,7 +535,7 @@ implements(torch.permute, torch.Tensor.permute)(SparseTensor.permute)
 implements(torch.Tensor.detach)(SparseTensor.detach)
 implements(torch.Tensor.to)(SparseTensor.to)
 implements(torch.Tensor.to_dense)(SparseTensor.to_dense)
-implements(torch.Tensor.values)(SparseTensor.values)
+implements(torch.Tensor.values, torch.Tensor._values)(SparseTensor.values)
 implements(torch.Tensor.coalesce)(SparseTensor.coalesce)
 implements(torch.Tensor.indices, torch.Tensor._indices)(SparseTensor.indices)
 for _name in ("tolist", "_nnz", "sparse_dim", "dense_dim", "crow_indices", "col_indices", "ccol_indices", "row_indices",
@@ -561,7 +561,7 @@ def _set_data(self, new):
 
 @implements(torch.Tensor.share_memory_)
 def _share_memory_(self):
-    for t in (*self._pos, *self._crd, self._values):
+    for t in (*self._pos, *self._crd, self._vals):
         if t is not None:
             t.share_memory_()
     return self
@@ -569,12 +569,12 @@ def _share_memory_(self):
 
 @implements(torch.Tensor.is_shared)
 def _is_shared(self):
-    return self._values.is_shared()
+    return self._vals.is_shared()
 
 
 @implements(torch.Tensor.is_pinned)
 def _is_pinned(self, *args, **kwargs):
-    return self._values.is_pinned(*args, **kwargs)
+    return self._vals.is_pinned(*args, **kwargs)
 
 
 @implements(torch.Tensor.untyped_storage, torch.Tensor.storage, torch.Tensor._typed_storage)
@@ -600,8 +600,8 @@ def _no_data_ptr(self, *args, **kwargs):
 def _apply_(self, callable):
     """``fn`` on each stored value, in place (as every in-place op: the pattern stays)."""
     check_write("apply_", self)
-    self._values.apply_(callable)
-    torch.autograd.graph.increment_version((self, self._values))
+    self._vals.apply_(callable)
+    torch.autograd.graph.increment_version((self, self._vals))
     return self
 
 

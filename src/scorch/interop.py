@@ -220,7 +220,7 @@ def _in_graph(A: SparseTensor, coords: torch.Tensor, values: torch.Tensor) -> Sp
     from .ops._pattern import positions
     at = positions(A, coords)
     kept = at >= 0   # (a conversion that dropped an explicit zero)
-    vals = torch.zeros(A._values.numel(), dtype=A.dtype).index_add(0, at[kept], values[kept].to(A.dtype))
+    vals = torch.zeros(A._vals.numel(), dtype=A.dtype).index_add(0, at[kept], values[kept].to(A.dtype))
     return A.with_values(vals)
 
 

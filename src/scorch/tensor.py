@@ -58,7 +58,7 @@ class SparseTensor(torch.Tensor):
     _format: Format
     _pos: tuple
     _crd: tuple
-    _values: torch.Tensor
+    _vals: torch.Tensor
 
     @staticmethod
     def __new__(cls, fmt: Format, shape, pos, crd, values, *, requires_grad: bool = False, nnz=None):
@@ -115,12 +115,12 @@ class SparseTensor(torch.Tensor):
                                         "products, or loop over the batch")
             values = _unwrapped(values)
         self._pos, self._crd = tuple(map(contig, pos)), tuple(map(contig, crd))
-        self._values = resolved(values).contiguous()
+        self._vals = resolved(values).contiguous()
         self._stored = self._count_nnz() if nnz is None else nnz
         n = math.prod(self._shape)
         self._density = self._stored / n if n else 0.0   # read on every dispatch decision
         # the part of a kernel call's cache key this tensor gives (compiler.driver._signature)
-        self._sig = (self._format._key, self._values.dtype, self._crd_dtype(), self._shape, self._values.device.type)
+        self._sig = (self._format._key, self._vals.dtype, self._crd_dtype(), self._shape, self._vals.device.type)
         box = getattr(self, "_pattern_box", None)
         if box is not None:   # the leaf's gradient hook reads the pattern from here
             box[0] = self._like(nnz=self._stored)
@@ -129,7 +129,7 @@ class SparseTensor(torch.Tensor):
         """Take ``other``'s format, shape and storage (an in-place view op; the wrapper's own
         sizes are the caller's to change)."""
         self._format, self._shape = other._format, other._shape
-        self._set_storage(other._pos, other._crd, other._values, other._stored)
+        self._set_storage(other._pos, other._crd, other._vals, other._stored)
 
     def _restore(self, other: "SparseTensor") -> None:
         """A write that changes the pattern (``copy_`` of another pattern, ``A[i, j] = v`` on a
@@ -137,16 +137,16 @@ class SparseTensor(torch.Tensor):
         tensor it was detached from (``x.data``, ``x.detach()``: :attr:`_source`) while that one is
         still on the storage this one had -- as a dense tensor's base sees a write into its storage.
         (Only that way: an alias is not told of a write into its source.)"""
-        fmt, shape, before, src = self._format, self._shape, self._values, getattr(self, "_source", None)
+        fmt, shape, before, src = self._format, self._shape, self._vals, getattr(self, "_source", None)
         self._become(other)
         torch.autograd.graph.increment_version(before)   # (values saved for a backward are stale now)
         while src is not None:
-            if src._format != fmt or src._shape != shape or src._values.data_ptr() != before.data_ptr() \
-                    or src._values.numel() != before.numel():
+            if src._format != fmt or src._shape != shape or src._vals.data_ptr() != before.data_ptr() \
+                    or src._vals.numel() != before.numel():
                 self._source = None   # it went its own way: no longer an alias (nor kept alive by one)
                 return
-            fmt, shape, before, nxt = src._format, src._shape, src._values, getattr(src, "_source", None)
-            src._become(other._like(values=other._values.to(src._values.dtype), nnz=other._stored))
+            fmt, shape, before, nxt = src._format, src._shape, src._vals, getattr(src, "_source", None)
+            src._become(other._like(values=other._vals.to(src._vals.dtype), nnz=other._stored))
             torch.autograd.graph.increment_version(src)
             src = nxt
 
@@ -163,17 +163,17 @@ class SparseTensor(torch.Tensor):
 
     def _count_nnz(self) -> int:
         if not any(lv.kind == "padded" for lv in self._format.levels):
-            return self._values.numel()
+            return self._vals.numel()
         return convert.count_used(self._format, self._shape, self._pos, self._crd)
 
     def _on_pattern(self, values: torch.Tensor) -> "SparseTensor":
         """This tensor's pattern holding ``values``, a fresh contiguous array as long as
-        ``self._values`` (a kernel's pattern-shaped result): the storage is not checked again
+        ``self._vals`` (a kernel's pattern-shaped result): the storage is not checked again
         (1.3 us of a cached SDDMM call's 17 on Cora)."""
         new = torch.Tensor._make_wrapper_subclass(SparseTensor, torch.Size(self._shape), dtype=values.dtype,
                                                   device=values.device)
         new._format, new._shape, new._pos, new._crd = self._format, self._shape, self._pos, self._crd
-        new._values, new._stored, new._density = values, self._stored, self._density
+        new._vals, new._stored, new._density = values, self._stored, self._density
         new._sig = (self._format._key, values.dtype) + self._sig[2:]
         return new
 
@@ -183,7 +183,7 @@ class SparseTensor(torch.Tensor):
         return SparseTensor(
             self._format if fmt is None else fmt, self._shape if shape is None else shape,
             self._pos if pos is None else pos, self._crd if crd is None else crd,
-            self._values if values is None else values, nnz=nnz)
+            self._vals if values is None else values, nnz=nnz)
 
     # ------------------------------------------------------------ metadata
     # shape, dtype, device, ndim, dim() and numel() read the tensor's own fields: torch's take a
@@ -194,11 +194,11 @@ class SparseTensor(torch.Tensor):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self._values.dtype
+        return self._vals.dtype
 
     @property
     def device(self) -> torch.device:
-        return self._values.device
+        return self._vals.device
 
     @property
     def ndim(self) -> int:
@@ -253,13 +253,13 @@ class SparseTensor(torch.Tensor):
         if self._needs_grad():
             from .ops.einsum import Values
             return Values.apply(self)
-        return self._values.view(self._values.shape)
+        return self._vals.view(self._vals.shape)
 
     def with_values(self, values: torch.Tensor) -> "SparseTensor":
         """This pattern holding ``values`` (same length as ``values()``); differentiable
         w.r.t. ``values``."""
-        if not isinstance(values, torch.Tensor) or values.shape != self._values.shape:
-            raise ScorchValueError(f"with_values: values must be a tensor of shape {tuple(self._values.shape)}, "
+        if not isinstance(values, torch.Tensor) or values.shape != self._vals.shape:
+            raise ScorchValueError(f"with_values: values must be a tensor of shape {tuple(self._vals.shape)}, "
                                    f"got {getattr(values, 'shape', type(values).__name__)}")
         check_cpu_values(values, "with_values")
         if (values.requires_grad and torch.is_grad_enabled()) or (
@@ -300,13 +300,13 @@ class SparseTensor(torch.Tensor):
             out = ToDense.apply(self)
             return out if dtype is None else out.to(dtype)
         if _FORWARD_AD._current_level >= 0 and _above_autograd():   # values with a tangent: both parts
-            primal, tangent = _FORWARD_AD.unpack_dual(self._values)
+            primal, tangent = _FORWARD_AD.unpack_dual(self._vals)
             if tangent is not None:
                 dense = [self._like(values=v, nnz=self._stored).to_dense(dtype) for v in (primal, tangent)]
                 return _FORWARD_AD.make_dual(*dense)
         out = self._dense_by_kernel()
         if out is None:
-            out = convert.to_dense(self._format, self._shape, self._pos, self._crd, self._values)
+            out = convert.to_dense(self._format, self._shape, self._pos, self._crd, self._vals)
         return out if dtype is None else out.to(dtype)
 
     def _dense_by_kernel(self):
@@ -316,7 +316,7 @@ class SparseTensor(torch.Tensor):
         threads (COO's would sum per-thread copies: slower than the coordinates' path) -- from a
         signature's second call on, so a one-off ``to_dense`` compiles nothing.  None where it
         does not apply."""
-        if self._stored < _KERNEL_DENSE_MIN or self._values.dtype not in (torch.float32, torch.float64) \
+        if self._stored < _KERNEL_DENSE_MIN or self._vals.dtype not in (torch.float32, torch.float64) \
                 or convert.is_all_dense(self._format) or not 0 < len(self._shape) <= len(_LETTERS):
             return None
         from .compiler import build, driver
@@ -337,7 +337,7 @@ class SparseTensor(torch.Tensor):
     def coo(self):
         """``(indices, values)``: the ``ndim x nnz`` int64 coordinates of the stored
         entries (in the format's level order) and their values."""
-        return convert.coords_of(self._format, self._shape, self._pos, self._crd, self._values)
+        return convert.coords_of(self._format, self._shape, self._pos, self._crd, self._vals)
 
     def asformat(self, format, *, index_dtype=None) -> "SparseTensor":
         """This tensor in another format (``self`` if nothing changes).
@@ -362,21 +362,21 @@ class SparseTensor(torch.Tensor):
         if self.dim() == 2 and self._format.block and self._format == bsr_format(*self._format.block) \
                 and fmt in _PLAIN2:  # BSR: its blocks' values placed in CSR order (no sort), then on
             (pos, crd), vals = convert.bsr_to_csr(self._shape, self._format.block, self._pos, self._crd,
-                                                  self._values, want)
+                                                  self._vals, want)
             return SparseTensor(_CSR2, self._shape, pos, crd, vals).asformat(fmt, index_dtype=want)
         if self._format == _ELL2 and fmt in _PLAIN2:  # ELL: its used slots in order, then on
-            (pos, crd), vals = convert.ell_to_csr(self._shape, self._crd, self._values, want)
+            (pos, crd), vals = convert.ell_to_csr(self._shape, self._crd, self._vals, want)
             return SparseTensor(_CSR2, self._shape, pos, crd, vals, nnz=self._stored).asformat(fmt, index_dtype=want)
         if fmt == _ELL2 and self._format in _PLAIN2:  # via CSR: each row's entries in its first slots
             x = self.asformat(_CSR2, index_dtype=want)
-            (pos, crd), vals = convert.csr_to_ell(x._shape, x._pos, x._crd, x._values, want)
+            (pos, crd), vals = convert.csr_to_ell(x._shape, x._pos, x._crd, x._vals, want)
             return SparseTensor(_ELL2, self._shape, pos, crd, vals, nnz=x._stored)
         if self._format in _PLAIN2 and fmt in _PLAIN2 and not (self._format == _COO2 and fmt == _CSR2):
             if (out := self._via_csr(fmt, want)) is not None:  # 2-d CSR / CSC / DCSR / DCSC / COO: no sort
                 return out
         if self.dim() == 2 and self._format == _COO2 and fmt == _CSR2:  # the common one, directly
             def make(width):
-                return convert.coo_to_csr(self._shape, self._pos, self._crd, self._values, width)
+                return convert.coo_to_csr(self._shape, self._pos, self._crd, self._vals, width)
         else:
             coords, vals = self.coo()
 
@@ -402,25 +402,25 @@ class SparseTensor(torch.Tensor):
         if max(x._shape) > 4 * x._stored + 65536:
             return None
         if x._format == _COO2:
-            (pos, crd), vals = convert.coo_to_csr(x._shape, x._pos, x._crd, x._values, want)
+            (pos, crd), vals = convert.coo_to_csr(x._shape, x._pos, x._crd, x._vals, want)
             x = SparseTensor(_CSR2, x._shape, pos, crd, vals, nnz=x._stored)
         elif x._format in _DCSX2:
             plain = _CSX2[_DCSX2.index(x._format)]
             pos, crd = convert.expand_outer(x._pos, x._crd, x._shape[x._format.order[0]])
-            x = SparseTensor(plain, x._shape, pos, crd, x._values, nnz=x._stored)
+            x = SparseTensor(plain, x._shape, pos, crd, x._vals, nnz=x._stored)
         target = _CSX2[_DCSX2.index(fmt)] if fmt in _DCSX2 else _CSR2 if fmt == _COO2 else fmt
         if x._format != target and (x.index_dtype != want or (x := x._recompressed(target)) is None):
             return None
         if fmt == _COO2:
-            (pos, crd), vals = convert.csr_to_coo(x._shape, x._pos, x._crd, x._values, want)
+            (pos, crd), vals = convert.csr_to_coo(x._shape, x._pos, x._crd, x._vals, want)
             return SparseTensor(_COO2, x._shape, pos, crd, vals, nnz=x._stored)
         if fmt in _DCSX2:
             pos, crd = convert.compress_outer(x._pos, x._crd)
-            x = SparseTensor(fmt, x._shape, pos, crd, x._values, nnz=x._stored)
+            x = SparseTensor(fmt, x._shape, pos, crd, x._vals, nnz=x._stored)
         if x.index_dtype != want:
             x = x.asformat(fmt, index_dtype=want)  # same format: only the index arrays recast
-        if x._values is self._values:  # a result never aliases its source's buffers
-            x = x._like(values=x._values.clone(), nnz=x._stored)
+        if x._vals is self._vals:  # a result never aliases its source's buffers
+            x = x._like(values=x._vals.clone(), nnz=x._stored)
         return x
 
     def _recompressed(self, fmt) -> "SparseTensor | None":
@@ -428,7 +428,7 @@ class SparseTensor(torch.Tensor):
         counting sort (compiler.recompress), its pattern remembered; None where that does not run."""
         from .compiler.recompress import recompressed
         major, minor = (self._shape[d] for d in self._format.order)
-        got = recompressed(self._pos[1], self._crd[1], self._values, major, minor)
+        got = recompressed(self._pos[1], self._crd[1], self._vals, major, minor)
         if got is None:
             return None
         pos, crd, values = got
@@ -551,16 +551,16 @@ class SparseTensor(torch.Tensor):
         kwargs = dict(kwargs)
         copy = kwargs.pop("copy", False)   # torch's parser of to()'s arguments does not take it
         device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
-        values = self._values
+        values = self._vals
         if dtype is not None or device is not None:
             values = values.to(device=device, dtype=dtype, non_blocking=non_blocking, copy=copy)
         pos, crd = self._pos, self._crd
         if device is not None and torch.device(device) != self.device:
             pos = tuple(None if t is None else t.to(device) for t in pos)
             crd = tuple(None if t is None else t.to(device) for t in crd)
-        if values is self._values and pos is self._pos and not copy:
+        if values is self._vals and pos is self._pos and not copy:
             return self
-        if copy and values is self._values:   # copy=True: never the caller's values (the pattern is immutable)
+        if copy and values is self._vals:   # copy=True: never the caller's values (the pattern is immutable)
             values = values.clone()
         out = self._like(pos=pos, crd=crd, values=values, nnz=self._stored)
         if self._needs_grad():  # the cast in the graph: values() -> cast -> this pattern
@@ -582,11 +582,11 @@ class SparseTensor(torch.Tensor):
     def clone(self, *, memory_format=None) -> "SparseTensor":
         clone = lambda t: None if t is None else t.clone()  # noqa: E731
         out = self._like(pos=tuple(map(clone, self._pos)), crd=tuple(map(clone, self._crd)),
-                         values=self._values.clone(), nnz=self._stored)
+                         values=self._vals.clone(), nnz=self._stored)
         return out.with_values(self.values().clone()) if self._needs_grad() else out
 
     def detach(self) -> "SparseTensor":
-        out = self._like(values=self._values.detach(), nnz=self._stored)._alias_of(self)
+        out = self._like(values=self._vals.detach(), nnz=self._stored)._alias_of(self)
         if getattr(self, "_unset", False):   # (empty_like(A).detach().fill_(s): every position, as A's)
             out._unset = True
         return out
@@ -617,12 +617,12 @@ class SparseTensor(torch.Tensor):
             src = src.expand(self.shape)
         s = as_sparse(src, self._format, index_dtype=self.index_dtype)
         if same_pattern(s, self):
-            self._values.copy_(s._values)
+            self._vals.copy_(s._vals)
         elif _within(s, self):   # (src's zeros at stored positions: 0 written there, in place)
-            self._values.copy_(project(s, self))
+            self._vals.copy_(project(s, self))
         else:
             # (a copy of the values: as_sparse and .to may hand back src's own, and a copy_ never aliases)
-            self._restore(s._like(values=s._values.to(self.dtype, copy=True), nnz=s._stored))
+            self._restore(s._like(values=s._vals.to(self.dtype, copy=True), nnz=s._stored))
         torch.autograd.graph.increment_version(self)
         return self
 
@@ -663,8 +663,8 @@ class SparseTensor(torch.Tensor):
         """This pattern holding 1, 2, ... (float64): each stored entry's position in the values
         array plus one, so that a conversion shows where every entry went (0: padding; see
         :func:`ops.shape.take_positions`)."""
-        ids = torch.zeros(self._values.numel(), dtype=torch.float64)
-        _, _, where = convert.coords_of(self._format, self._shape, self._pos, self._crd, self._values,
+        ids = torch.zeros(self._vals.numel(), dtype=torch.float64)
+        _, _, where = convert.coords_of(self._format, self._shape, self._pos, self._crd, self._vals,
                                         positions=True)
         ids[where] = (where + 1).to(torch.float64)
         return self._like(values=ids, nnz=self._stored)
@@ -694,7 +694,7 @@ class SparseTensor(torch.Tensor):
     def __repr__(self, *, tensor_contents=None) -> str:
         shape = tuple(self.shape)
         extra = ", requires_grad=True" if self.requires_grad else ""
-        vals = repr(self._values.detach()).replace("\n", "\n" + " " * 7)
+        vals = repr(self._vals.detach()).replace("\n", "\n" + " " * 7)
         return (f"SparseTensor(shape={shape}, format={self._format}, nnz={self._stored}, "
                 f"density={self.density:.4g}, dtype={self.dtype}, index_dtype={self.index_dtype}{extra},\n"
                 f"       values={vals})")
@@ -708,7 +708,7 @@ class SparseTensor(torch.Tensor):
             raise NotSupportedError("torch.save(..., _use_new_zipfile_serialization=False): a SparseTensor cannot be "
                                     "saved in torch's legacy format (its arrays are read back only after it is "
                                     "rebuilt, too late to check them); use the default format")
-        args = (_VERSION, self._format.to_spec(), tuple(self.shape), _bare(self._pos), _bare(self._crd), self._values,
+        args = (_VERSION, self._format.to_spec(), tuple(self.shape), _bare(self._pos), _bare(self._crd), self._vals,
                 self.requires_grad, bool(getattr(self, "_is_param", False)))
         attrs = self._user_attributes()   # kept, as torch keeps a tensor's
         return (_rebuild_sparse, args + (attrs,) if attrs else args)
@@ -728,7 +728,7 @@ class SparseTensor(torch.Tensor):
                                "is not one: deepcopy its .detach())")
         import copy
         out = SparseTensor(self._format, self.shape, copy.deepcopy(_bare(self._pos), memo),
-                           copy.deepcopy(_bare(self._crd), memo), copy.deepcopy(self._values, memo),
+                           copy.deepcopy(_bare(self._crd), memo), copy.deepcopy(self._vals, memo),
                            requires_grad=self.requires_grad, nnz=self._stored)
         memo[id(self)] = out
         if getattr(self, "_is_param", False):   # as nn.Parameter.__deepcopy__: the data, no grad or attributes
@@ -742,7 +742,7 @@ class SparseTensor(torch.Tensor):
 
     # for torch.compile-style tracing: the inner tensors and a plain-data context
     def __tensor_flatten__(self):
-        names = ["_values"]
+        names = ["_vals"]
         for k in range(len(self._format.levels)):
             if self._pos[k] is not None:
                 names.append(f"_pos_{k}")
@@ -763,7 +763,7 @@ class SparseTensor(torch.Tensor):
         n = len(fmt.levels)
         pos = tuple(inner.get(f"_pos_{k}") for k in range(n))
         crd = tuple(inner.get(f"_crd_{k}") for k in range(n))
-        return SparseTensor(fmt, shape, pos, crd, inner["_values"], nnz=nnz)
+        return SparseTensor(fmt, shape, pos, crd, inner["_vals"], nnz=nnz)
 
     # ------------------------------------------------------------ torch hooks
     # ``@`` straight to the dispatch table's matmul: through torch.Tensor.__matmul__ it takes
@@ -931,7 +931,7 @@ def _grad_in_pattern(box, grad):
         return grad
     if _legacy_vmap():   # (is_grads_batched: a batch of dense gradients, 0 off the pattern, taken as they are)
         return grad
-    return x._like(values=project(grad, x).to(x._values.dtype), nnz=x._stored)
+    return x._like(values=project(grad, x).to(x._vals.dtype), nnz=x._stored)
 
 
 def _legacy_vmap() -> bool:

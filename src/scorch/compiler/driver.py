@@ -90,7 +90,7 @@ def _operands(operands):
         else:
             raise ScorchTypeError(f"einsum: operand {k} must be a tensor, got {type(x).__name__}")
         x = out[-1]
-        if (x._values if type(x) is SparseTensor else x).device.type != "cpu":
+        if (x._vals if type(x) is SparseTensor else x).device.type != "cpu":
             raise NotSupportedError(f"einsum: operand {k} is on {x.device}; scorch kernels run on the CPU")
     return out
 
@@ -145,7 +145,7 @@ def value_bound(ops) -> int:
     """The product over operands (dense tensors or SparseTensors) of their max |value| + 1."""
     bound = 1
     for x in ops:
-        v = x._values if isinstance(x, SparseTensor) else x
+        v = x._vals if isinstance(x, SparseTensor) else x
         bound *= (max(int(v.max()), -int(v.min())) if v.numel() else 0) + 1  # no abs(): |INT64_MIN| wraps
     return bound
 
@@ -445,7 +445,7 @@ class _Bound:
         sched = plan.schedule
         ready = all((not isinstance(x, SparseTensor) and y.dtype == cdtype and y.data_ptr() == x.data_ptr())
                     or (isinstance(x, SparseTensor) and spec.sparse and x.format == spec.fmt
-                        and x._values.dtype == cdtype)
+                        and x._vals.dtype == cdtype)
                     for x, y, spec in zip(ops, ops2, sched.operands))
         if not ready:
             return _Slow(equation, format, expr)
@@ -482,7 +482,7 @@ class _Bound:
         if self.pattern is None:
             out = self.alloc((copies,) + self.out_shape if copies > 1 else self.out_shape, dtype=self.cdtype)
         else:
-            out = self.alloc(ops[self.pattern]._values.numel(), dtype=self.cdtype)
+            out = self.alloc(ops[self.pattern]._vals.numel(), dtype=self.cdtype)
         args = _arguments(self.layout, ops, init, nthreads)
         args[self.layout[2]["out"]] = out.data_ptr()
         return args, out, copies
@@ -507,7 +507,7 @@ def _caller(b: _Bound):
     lines = ["def call(ops, init=()):",
              f"    nthreads = build.threads_for({work[0] if len(work) == 1 else 'max(' + ', '.join(work) + ')'})"]
     if b.pattern is not None:
-        lines.append(f"    out = alloc(ops[{int(b.pattern)}]._values.numel(), dtype=cdtype)")
+        lines.append(f"    out = alloc(ops[{int(b.pattern)}]._vals.numel(), dtype=cdtype)")
     elif b.buffers:
         lines.append(f"    out = alloc({tup} if nthreads == 1 else {_tuple_text(['nthreads'] + dims)}, dtype=cdtype)")
     else:
@@ -611,7 +611,7 @@ def _arguments(layout, ops, init, nthreads, buffers=None) -> list:
 def _finish(result, out_dtype, format):
     """A kernel's result in the einsum's dtype and the format asked for."""
     sparse = type(result) is SparseTensor  # its .dtype would take a __torch_function__ round trip (2.5 us)
-    if (result._values.dtype if sparse else result.dtype) != out_dtype:
+    if (result._vals.dtype if sparse else result.dtype) != out_dtype:
         result = _cast(result, out_dtype)
     if format is None:
         return result
@@ -640,7 +640,7 @@ _ARG_EXPR = {
     "init": "init[{t}].data_ptr()",
     "pos": "ops[{t}]._pos[{k}].data_ptr()",
     "crd": "ops[{t}]._crd[{k}].data_ptr()",
-    "vals": "ops[{t}]._values.data_ptr()",
+    "vals": "ops[{t}]._vals.data_ptr()",
     "data": "ops[{t}].data_ptr()",
     "ncrd": "ops[{t}]._crd[{k}].numel()",
     "parents": "entry_parents(ops[{t}]._pos[{k}]).data_ptr()",  # kept alive beside the operand's pos
@@ -763,7 +763,7 @@ def _torch_fallback(ein, ops, out_dtype, format, expr, output=("dense",)):
     if output[0] == "pattern":
         k = output[1]
         return ops[k]._like(values=project(out, ops[k]).to(out_dtype), nnz=ops[k]._stored)
-    stored = [x._like(values=torch.ones(x._values.shape), nnz=x._stored).to_dense() if isinstance(x, SparseTensor)
+    stored = [x._like(values=torch.ones(x._vals.shape), nnz=x._stored).to_dense() if isinstance(x, SparseTensor)
               else torch.ones(()).expand(x.shape) for x in ops]   # 1 where an operand stores (a dense one: all)
     coords = (_dense_expression(ein, stored, _structure(expr)) != 0).nonzero().t()
     return from_coo(coords, out[tuple(coords)], tuple(out.shape), format=preset("csr", out.dim()))
@@ -823,7 +823,7 @@ def _prepare(sched, ops):
 
 def _in_dtype(ops, cdtype):
     """The operands with their values in ``cdtype``, the type the kernels compute in."""
-    return [(x if x._values.dtype == cdtype else x._like(values=x._values.to(cdtype), nnz=x._stored))
+    return [(x if x._vals.dtype == cdtype else x._like(values=x._vals.to(cdtype), nnz=x._stored))
             if isinstance(x, SparseTensor) else x.to(cdtype) for x in ops]
 
 

@@ -87,8 +87,8 @@ def _coords(A: SparseTensor):
     CSR's rows from the pattern's entry rows (a generated kernel, kept with the pattern: 80 ->
     10 us on Cora, where the general path expands every level)."""
     if A._format == _CSR2:
-        return torch.stack([convert.entry_parents(A._pos[1]).to(torch.int64), A._crd[1].to(torch.int64)]), A._values
-    return convert.coords_of(A._format, A._shape, A._pos, A._crd, A._values)
+        return torch.stack([convert.entry_parents(A._pos[1]).to(torch.int64), A._crd[1].to(torch.int64)]), A._vals
+    return convert.coords_of(A._format, A._shape, A._pos, A._crd, A._vals)
 
 
 def _check_square(shape, n: int, layer: str) -> None:
@@ -165,7 +165,7 @@ def _gat_pattern(adj, n: int, add_self_loops: bool, heads: int, dtype):
     (pos, crd), ones = convert.coo_to_csr((n, n), None, (row, col), torch.ones(row.numel(), dtype=dtype))
     A = SparseTensor(_CSR2, (n, n), pos, crd, ones)   # in order, in range, distinct: nothing to check
     if heads > 1:   # one head: the plain CSR (its SpMM locates nothing per entry: 1.1-1.5x faster)
-        nnz = A._values.numel()
+        nnz = A._vals.numel()
         A = SparseTensor(_HEADS_FORMAT, (n, n, heads), (None, A._pos[1], None), (None, A._crd[1], None),
                          torch.ones(nnz * heads, dtype=dtype), nnz=nnz * heads)
     return A, row, col

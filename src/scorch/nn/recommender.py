@@ -87,7 +87,7 @@ class Recommender(nn.Module):
         if tuple(pairs.shape) != (U.shape[0], V.shape[0]):
             raise ScorchValueError(f"Recommender: pairs must have shape (users, items) = ({U.shape[0]}, "
                                    f"{V.shape[0]}), got {tuple(pairs.shape)}")
-        mask = pairs._like(values=torch.ones(pairs._values.shape, dtype=U.dtype), nnz=pairs._stored)
+        mask = pairs._like(values=torch.ones(pairs._vals.shape, dtype=U.dtype), nnz=pairs._stored)
         if ub is not None:
             # [U, ub, 1] . [V, 1, ib] = <U, V> + ub + ib: the biases ride in the same SDDMM; zero
             # columns pad the width to whole vectors (16 floats)

@@ -92,7 +92,7 @@ def _mask_pattern(mask, L: int):
         raise ScorchValueError(f"SparseAttention: mask must have shape (L, L) = ({L}, {L}) for x with "
                                f"sequence length {L}, got {tuple(mask.shape)}")
     if isinstance(mask, SparseTensor):
-        coords, vals = convert.coords_of(mask._format, mask._shape, mask._pos, mask._crd, mask._values.detach())
+        coords, vals = convert.coords_of(mask._format, mask._shape, mask._pos, mask._crd, mask._vals.detach())
         coords = coords[:, vals != 0]
         return _unique_pairs(coords[0].long(), coords[1].long(), L)
     if is_sparse(mask):

@@ -25,7 +25,7 @@ def same_pattern(a: SparseTensor, b: SparseTensor) -> bool:
 def stored(x: SparseTensor):
     """``(coords, where)``: the coordinates of ``x``'s stored entries and their positions in
     ``x.values()`` (ELL's unused slots left out)."""
-    coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
+    coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._vals, positions=True)
     return coords, where
 
 
@@ -35,9 +35,9 @@ def project(g, x: SparseTensor, at=None) -> torch.Tensor:
     (a double backward reads gradients through it)."""
     tracked = isinstance(g, SparseTensor) and g.requires_grad and torch.is_grad_enabled()
     if isinstance(g, SparseTensor) and same_pattern(g, x):
-        return g.values() if tracked else g._values
+        return g.values() if tracked else g._vals
     coords, where = stored(x) if at is None else at
-    out = torch.zeros(x._values.numel(), dtype=g.dtype)
+    out = torch.zeros(x._vals.numel(), dtype=g.dtype)
     if not coords.shape[1]:
         return out
     if tracked:   # g's values by position, so that the read stays in the graph

@@ -38,7 +38,7 @@ def rrelu(input, lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False):
         if torch.is_grad_enabled() and input.requires_grad:   # the values' update would escape autograd
             raise ScorchValueError("rrelu: inplace=True on a SparseTensor that requires grad is not supported; "
                                    "use inplace=False")
-        F.rrelu(input._values, lower, upper, training, inplace=True)
+        F.rrelu(input._vals, lower, upper, training, inplace=True)
         torch.autograd.graph.increment_version(input)
         return input
     return input.with_values(F.rrelu(input.values(), lower, upper, training))

@@ -69,7 +69,7 @@ def setitem(x, key, value):
         hit = (coords == at[:, None]).all(0)
         if not bool(hit.any()) and value != 0:
             return store_at(x, at[:, None], _scalars(value, x.dtype, 1), "setitem")
-        x._values[where[hit]] = value
+        x._vals[where[hit]] = value
     elif scalar and (items := _basic_items(key, x.dim())) is not None:
         # ints and slices (a row, a column, a block): the selection read off the coordinates
         hit, positions = torch.ones(where.numel(), dtype=torch.bool), 1
@@ -90,7 +90,7 @@ def setitem(x, key, value):
                     else torch.arange(*v.indices(n)) for (kind, v), n in zip(items, x._shape)]
             at = torch.stack([a.reshape(-1) for a in torch.meshgrid(*axes, indexing="ij")])
             return store_at(x, at, _scalars(value, x.dtype, at.shape[1]), "setitem")
-        x._values[where[hit]] = value
+        x._vals[where[hit]] = value
     else:   # tensor keys, tensor values: the selected positions' coordinates, nothing of the dense shape
         lin, shape = key_points(x, key, "setitem")
         write_points(x, lin, _scalars(value, x.dtype, lin.numel()) if scalar else
@@ -168,14 +168,14 @@ def write_points(x: SparseTensor, lin: torch.Tensor, vals: torch.Tensor, op: str
     coords, where = stored(x)
     slot, hit = _find_linear(ravel_coords(coords, x._shape, coords.shape[1]), uniq)
     if accumulate:
-        new[hit] += x._values[where[slot]]
+        new[hit] += x._vals[where[slot]]
     grow = ~hit & ((new != 0) | new.isnan())
     if not bool(grow.any()):
-        x._values[where[slot]] = new[hit]
+        x._vals[where[slot]] = new[hit]
         torch.autograd.graph.increment_version(x)
         return
     _check_store_size(x, int(grow.sum()), op)
-    values = x._values[where].clone()
+    values = x._vals[where].clone()
     values[slot] = new[hit]
     added = _stack_rows(unravel_coords(uniq[grow], list(x._shape)), int(grow.sum()))
     x._restore(rebuild(x._format, x._shape, torch.cat([coords, added], 1), torch.cat([values, new[grow]]),
@@ -198,7 +198,7 @@ def values_at(x: SparseTensor, lin: torch.Tensor) -> torch.Tensor:
     coords, where = stored(x)
     slot, hit = _find_linear(ravel_coords(coords, x._shape, coords.shape[1]), lin)
     out = torch.zeros(lin.numel(), dtype=x.dtype)
-    out[hit] = x._values[where[slot]]
+    out[hit] = x._vals[where[slot]]
     return out
 
 
@@ -209,7 +209,7 @@ def mask_points(mask, shape) -> torch.Tensor | None:
     if not isinstance(mask, SparseTensor) or mask.dtype != torch.bool or tuple(mask._shape) != tuple(shape):
         return None
     coords, where = stored(mask)
-    return coords[:, mask._values[where]]
+    return coords[:, mask._vals[where]]
 
 
 def stored_hits(x: SparseTensor, at: torch.Tensor) -> tuple:
@@ -227,7 +227,7 @@ def _set_points(x: SparseTensor, at: torch.Tensor, value) -> None:
     if int(hit.sum()) < at.shape[1] and value != 0:   # (NaN too)
         store_at(x, at, _scalars(value, x.dtype, at.shape[1]), "setitem")
         return
-    x._values[where[hit]] = value
+    x._vals[where[hit]] = value
     torch.autograd.graph.increment_version(x)
 
 
@@ -255,7 +255,7 @@ def _densified(t, what: str):
 
 def _check_store_size(x: SparseTensor, k: int, name: str) -> None:
     limit = config.dense_fallback_max_bytes
-    if limit is not None and k * (8 * len(x._shape) + x._values.element_size()) > limit:
+    if limit is not None and k * (8 * len(x._shape) + x._vals.element_size()) > limit:
         raise NotSupportedError(f"{name}: writing {k} positions the SparseTensor does not all store would add "
                                 f"them to its pattern, over scorch.config.dense_fallback_max_bytes = "
                                 f"{limit / 2**30:.1f} GiB; use x.to_dense() if you mean it, or raise the limit")
@@ -277,7 +277,7 @@ def store_at(x: SparseTensor, at: torch.Tensor, values: torch.Tensor, name: str)
     last = torch.full((uniq.numel(),), -1, dtype=_I64).scatter_reduce(   # a written value wins over a stored one
         0, inverse, torch.arange(ids.numel(), dtype=_I64), "amax")
     every = torch.cat([coords, at[:, keep]], 1)[:, last]
-    x._restore(rebuild(x._format, x._shape, every, torch.cat([x._values[where], values[keep]])[last], x.index_dtype))
+    x._restore(rebuild(x._format, x._shape, every, torch.cat([x._vals[where], values[keep]])[last], x.index_dtype))
     torch.autograd.graph.increment_version(x)
 
 
@@ -381,7 +381,7 @@ def index_fill_(x, dim, index, value):
     v = fill_scalar(value, x.dtype)
     if v == 0:   # only stored entries change: the slices' positions are never listed
         coords, where = stored(x)
-        x._values[where[torch.isin(coords[d], index)]] = v
+        x._vals[where[torch.isin(coords[d], index)]] = v
         torch.autograd.graph.increment_version(x)
         return x
     lin, _ = key_points(x, (slice(None),) * d + (index,), "index_fill_")   # (whole slices: maybe a size error)
@@ -502,6 +502,6 @@ def store_zeros_at(x: SparseTensor, at: torch.Tensor, name: str) -> None:
     absent = ~torch.isin(ravel_coords(at, x._shape, at.shape[1]), ravel_coords(coords, x._shape, coords.shape[1]))
     at = at[:, absent]
     _check_store_size(x, at.shape[1], name)
-    values = torch.cat([x._values[where], torch.zeros(at.shape[1], dtype=x.dtype)])
+    values = torch.cat([x._vals[where], torch.zeros(at.shape[1], dtype=x.dtype)])
     x._restore(rebuild(x._format, x._shape, torch.cat([coords, at], 1), values, x.index_dtype))
     torch.autograd.graph.increment_version(x)

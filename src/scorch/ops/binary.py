@@ -36,7 +36,7 @@ def _is_scalar(x) -> bool:
 
 def _dtype(x) -> torch.dtype:
     """``x.dtype`` without a torch-function round trip for a SparseTensor (~2.5 us a call)."""
-    return x._values.dtype if isinstance(x, SparseTensor) else x.dtype
+    return x._vals.dtype if isinstance(x, SparseTensor) else x.dtype
 
 
 def binary(op: str, a, b, func, args, kwargs):
@@ -150,7 +150,7 @@ def _exact_integers(op: str, ops, func, args, kwargs):
             return densified(func, args, kwargs)
         s = sparse[0]
         at = project(ops[1] if ops[0] is s else ops[0], s)
-        return s._like(values=func(*((s._values, at) if ops[0] is s else (at, s._values))), nnz=s._stored)
+        return s._like(values=func(*((s._vals, at) if ops[0] is s else (at, s._vals))), nnz=s._stored)
     from .pointwise import _on_union_values   # (pointwise imports the einsum layer, which imports this module)
     union, on_union = _on_union_values(sparse if sparse[0] is not sparse[1] else sparse[:1])
     return union._like(values=func(on_union[id(ops[0])], on_union[id(ops[1])]), nnz=union._stored)

@@ -250,14 +250,14 @@ def _flipped(weight: SparseTensor, groups: int) -> SparseTensor:
     the input's gradient).  The pattern, holding each entry's position in ``weight.values()``,
     is built once per weight pattern and kept on its index array (as convert's derived arrays
     are); each call gathers the current values into it (training changes values, not patterns)."""
-    holder = next((c for c in reversed(weight._crd) if c is not None), weight._values)   # (all-dense format)
+    holder = next((c for c in reversed(weight._crd) if c is not None), weight._vals)   # (all-dense format)
     others = [a for a in (*weight._pos, *weight._crd) if a is not None and a is not holder]
     key = (groups, weight._format, weight._shape)   # an index array can be shared by a reshaped view
     cached = getattr(holder, "_scorch_conv_flipped", None)
     if cached is None or cached[0] != key or len(cached[1]) != len(others) \
             or any(a is not b for a, b in zip(cached[1], others)):
         out_c, group_c, *ks = weight.shape
-        ids = weight._like(values=torch.arange(1, weight._values.numel() + 1, dtype=torch.float64),
+        ids = weight._like(values=torch.arange(1, weight._vals.numel() + 1, dtype=torch.float64),
                            nnz=weight._stored)
         if groups > 1:
             ids = ids.reshape(groups, out_c // groups, group_c, *ks).transpose(1, 2) \
@@ -266,7 +266,7 @@ def _flipped(weight: SparseTensor, groups: int) -> SparseTensor:
             ids = ids.transpose(0, 1)
         cached = (key, others, ids.flip(list(range(2, weight.dim()))))
         holder._scorch_conv_flipped = cached
-    return take_positions(cached[2], weight._values)
+    return take_positions(cached[2], weight._vals)
 
 
 def _weight_grad(gy, x, weight: SparseTensor, geometry) -> SparseTensor:

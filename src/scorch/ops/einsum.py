@@ -99,7 +99,7 @@ def _einsum(equation: str, operands, format, init):
     if len(operands) == 1 and not init and type(operands[0]) is SparseTensor \
             and (perm := permutation(equation, operands[0].dim())) is not None:
         out = operands[0].permute(perm)  # "ij->ji": a sparse transpose, not a scatter into a dense result
-        return driver._finish(out, out._values.dtype, format)
+        return driver._finish(out, out._vals.dtype, format)
     key = driver._signature(equation, format, operands, init)  # once per call: dispatch and kernel caches
     for x in operands:   # a size-1 dim of a sparse operand may broadcast (a loop: ~0.1 us; a second
         if type(x) is SparseTensor and 1 in x._shape:   # lookup of the long key costs more)
@@ -107,7 +107,7 @@ def _einsum(equation: str, operands, format, init):
             key = driver._signature(equation, format, operands, init)
             break
     for x in operands:   # (a loop, as above): complex values, of a sparse operand or a dense one beside it
-        if (x._values.dtype if type(x) is SparseTensor else getattr(x, "dtype", torch.float32)).is_complex:
+        if (x._vals.dtype if type(x) is SparseTensor else getattr(x, "dtype", torch.float32)).is_complex:
             return _complex(equation, operands, format, init)
     if _dense_path(equation, operands, format, key):
         dense = [x.to_dense() if isinstance(x, SparseTensor) else x for x in driver._operands(operands)]
@@ -116,7 +116,7 @@ def _einsum(equation: str, operands, format, init):
         return out + sum(init) if init else out
     tensors = operands + init
     if _fwAD._current_level >= 0 and _above_autograd() and any(
-            type(x) is SparseTensor and _fwAD.unpack_dual(x._values).tangent is not None for x in operands):
+            type(x) is SparseTensor and _fwAD.unpack_dual(x._vals).tangent is not None for x in operands):
         return _dual_values(equation, operands, format, init)
     if (torch.is_grad_enabled() and _any_requires_grad(tensors)) or _functorch_level() is not None \
             or (_fwAD._current_level >= 0 and _dual(tensors)):   # (torch.func transforms: the Function's rules)
@@ -171,7 +171,7 @@ def _dual_values(equation: str, operands: tuple, format, init: tuple):
 
     def split(x):
         if type(x) is SparseTensor:
-            primal, tangent = _fwAD.unpack_dual(x._values)
+            primal, tangent = _fwAD.unpack_dual(x._vals)
             return (x._like(values=primal, nnz=x._stored),
                     None if tangent is None else x._like(values=tangent, nnz=x._stored))
         if isinstance(x, torch.Tensor):
@@ -415,7 +415,7 @@ class _Einsum(torch.autograd.Function):
         n_ops, need = len(tensors) - n_init, ctx.needs_input_grad[3:]
         ctx.needed = [j < n_ops and any(need[k] for k in range(n_ops) if k != j) for j in range(len(tensors))]
         kept = [t for t, keep in zip(tensors, ctx.needed) if keep]
-        ctx.save_for_backward(*kept, *[t._values for t in kept if type(t) is SparseTensor])
+        ctx.save_for_backward(*kept, *[t._vals for t in kept if type(t) is SparseTensor])
         ctx.stand_ins = [None if keep else _stand_in(t) for t, keep in zip(tensors, ctx.needed)]
         if _fwAD._current_level >= 0 or _functorch_level() is not None:   # for jvp, as they came (under
             ctx.inputs = tuple(tensors)   # torch.func a saved SparseTensor comes back wrapped); not otherwise:
@@ -447,7 +447,7 @@ class _Einsum(torch.autograd.Function):
         over operands of the einsum with that operand replaced by its tangent (+ the init's)."""
         tensors = ctx.inputs
         ops = tuple(map(_unwrapped, tensors[:len(tensors) - ctx.n_init]))
-        tangents = [None if t is None or (isinstance(t, SparseTensor) and not bool(t._values.any()))
+        tangents = [None if t is None or (isinstance(t, SparseTensor) and not bool(t._vals.any()))
                     else _unwrapped(t) for t in tangents]   # (no tangent: torch hands a SparseTensor zeros)
         out = _tangent_sum(einsum if _functorch_level() is not None else driver.einsum, ctx.equation, ctx.format,
                            ops, tangents)
@@ -475,7 +475,7 @@ def _stand_in(t):
     (its index arrays; not its values, which activation checkpointing would otherwise keep alive),
     a dense one's shape and dtype (a meta tensor).  :func:`_stood_in` gives the tensor back."""
     if type(t) is SparseTensor:
-        return _Pattern(t._format, t._shape, t._pos, t._crd, t._stored, tuple(t._values.shape), t._values.dtype)
+        return _Pattern(t._format, t._shape, t._pos, t._crd, t._stored, tuple(t._vals.shape), t._vals.dtype)
     return torch.empty(t.shape, dtype=t.dtype, device="meta")
 
 
@@ -518,7 +518,7 @@ def _grad_of(ein, ops, k, grad):
     # (under torch.func the differentiable einsum has the vmap rule)
     run = einsum if torch.is_grad_enabled() or _functorch_level() is not None else driver.einsum
     if isinstance(x, SparseTensor) and not batched:
-        mask = x._like(values=torch.ones_like(x._values), nnz=x._stored)
+        mask = x._like(values=torch.ones_like(x._vals), nnz=x._stored)
         terms = [t_k, out] + [t for t, _ in others]
         g = run(",".join(terms) + "->" + t_k, mask, grad, *[o for _, o in others])
         return in_pattern(x, project(g, x).to(x.dtype))
@@ -537,7 +537,7 @@ def _grad_of(ein, ops, k, grad):
         g = g.sum(dim=broadcast, keepdim=True)
     if isinstance(x, SparseTensor):   # (batched) read at the pattern: 1 where x stores an entry
         check_dense_size("is_grads_batched=True gives a sparse operand a dense gradient, and", [x])
-        g = g * x._like(values=torch.ones_like(x._values), nnz=x._stored).to_dense()
+        g = g * x._like(values=torch.ones_like(x._vals), nnz=x._stored).to_dense()
     return g.to(x.dtype)
 
 
@@ -595,7 +595,7 @@ class ViewOf(torch.autograd.Function):
 
     @staticmethod
     def forward(x, pattern):
-        return pattern._like(values=x._values, nnz=pattern._stored)
+        return pattern._like(values=x._vals, nnz=pattern._stored)
 
     @staticmethod
     def setup_context(ctx, inputs, output):   # (the form torch.func's transforms need)
@@ -613,9 +613,9 @@ class ViewOf(torch.autograd.Function):
     @staticmethod
     def jvp(ctx, x_t, pattern_t):
         """Forward mode: the view of the base's tangent (no tangent: none)."""
-        if x_t is None or (isinstance(x_t, SparseTensor) and not bool(x_t._values.any())):
+        if x_t is None or (isinstance(x_t, SparseTensor) and not bool(x_t._vals.any())):
             return None
-        return ctx.pattern._like(values=_unwrapped(x_t)._values, nnz=ctx.pattern._stored)
+        return ctx.pattern._like(values=_unwrapped(x_t)._vals, nnz=ctx.pattern._stored)
 
     @staticmethod
     def backward(ctx, grad):
@@ -661,7 +661,7 @@ class Values(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         ctx.pattern = x
-        return x._values.view_as(x._values)
+        return x._vals.view_as(x._vals)
 
     @staticmethod
     def backward(ctx, grad):

@@ -66,7 +66,7 @@ def matrix_power(A, n):
         eye = from_coo(coords, torch.ones(coords.shape[1], dtype=A.dtype), tuple(A.shape),
                        format=A.format if not A.format.block else "csr")
         if A._needs_grad():   # in the graph, as torch's (its gradient is zero)
-            return eye.with_values(eye._values + 0 * A.values().sum())
+            return eye.with_values(eye._vals + 0 * A.values().sum())
         return eye
     out, base = None, A
     while n:

@@ -67,7 +67,7 @@ def _scalar_key(x):
     if t is dict:
         return (dict, *sorted((k, _scalar_key(v)) for k, v in x.items()))
     if isinstance(x, SparseTensor):
-        return (SparseTensor, x._values.dtype)
+        return (SparseTensor, x._vals.dtype)
     if isinstance(x, torch.Tensor):
         raise _NotScalar
     hash(x)  # an unhashable argument: not remembered
@@ -76,7 +76,7 @@ def _scalar_key(x):
 
 def _computes_zero(func, args, kwargs, shape=()) -> bool:
     """Whether ``func`` gives 0 (not NaN) with every SparseTensor argument zeros of ``shape``."""
-    zargs, zkwargs = map_sparse(lambda a: torch.zeros(shape, dtype=a._values.dtype), args, kwargs)
+    zargs, zkwargs = map_sparse(lambda a: torch.zeros(shape, dtype=a._vals.dtype), args, kwargs)
     try:
         z = func(*zargs, **zkwargs)
     except (RuntimeError, TypeError):
@@ -88,11 +88,11 @@ def _computes_zero(func, args, kwargs, shape=()) -> bool:
 def _zero_of(a: SparseTensor) -> torch.Tensor:
     """A zero standing for ``a``: of its dims (all 1, broadcasting), so that it promotes as the
     dimensioned tensor ``a`` is (a 0-d complex64 zero beside a float16 tensor made ComplexHalf)."""
-    return torch.zeros((1,) * a.dim(), dtype=a._values.dtype)
+    return torch.zeros((1,) * a.dim(), dtype=a._vals.dtype)
 
 
 def _values_of(a: SparseTensor) -> torch.Tensor:
-    return a._values
+    return a._vals
 
 
 _SUBTRACTIONS = (torch.ops.aten.sub, torch.ops.aten.sub_, torch.ops.aten.rsub)
@@ -131,7 +131,7 @@ def pointwise(func, args, kwargs):
         # sparse * dense (autograd's grad * f'(x)): zero wherever the sparse operand is.
         dense = next(a for a in args if isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor))
         if broadcast_shapes(dense.shape, ref.shape) == tuple(ref.shape):
-            return ref._like(values=ref._values * project(dense.expand(ref.shape), ref), nnz=ref._stored)
+            return ref._like(values=ref._vals * project(dense.expand(ref.shape), ref), nnz=ref._stored)
     if not shared and not mutable and len(sparse) == 2 and func in _CO_ITERATED \
             and args[0] is sparse[0] and args[1] is sparse[1]:
         return _co_iterated(func, args, kwargs)
@@ -171,7 +171,7 @@ def pointwise(func, args, kwargs):
     if isinstance(out, tuple):   # frexp: (mantissa, exponent), each in the pattern, torch's named tuple
         parts = tuple(ref._like(values=o, nnz=ref._stored) for o in out)
         return parts if type(out) is tuple else type(out)(parts)
-    if out.shape == ref._values.shape and out.is_contiguous():
+    if out.shape == ref._vals.shape and out.is_contiguous():
         return ref._on_pattern(out)   # the pattern as it is: nothing to check again
     return ref._like(values=out, nnz=ref._stored)
 
@@ -192,7 +192,7 @@ def _addc_other_patterns(func, args, kwargs):
     if _ADDC[func] is torch.mul:
         update = t1 * t2
     else:
-        update = t1._like(values=t1._values / project(t2, t1), nnz=t1._stored)
+        update = t1._like(values=t1._vals / project(t2, t1), nnz=t1._stored)
     return torch.ops.aten.add_.Tensor(self, update, alpha=value)
 
 
@@ -202,7 +202,7 @@ def _zero_beside_small_dense(func, args, kwargs, ref: SparseTensor) -> bool:
     every value of those operands (checked on them: ``prelu(0, w) == 0``)."""
     dense = [a for a in leaves(args, kwargs) if isinstance(a, torch.Tensor) and not isinstance(a, SparseTensor)
              and not _is_scalar(a)]
-    if sum(d.numel() for d in dense) > ref._values.numel() or any(
+    if sum(d.numel() for d in dense) > ref._vals.numel() or any(
             broadcast_shapes(d.shape, ref.shape) != tuple(ref.shape) for d in dense):
         return False
     return _computes_zero(func, args, kwargs, broadcast_shapes(*(d.shape for d in dense)) if dense else ())
@@ -249,7 +249,7 @@ def _on_union_values(sparse: list):
         for s in sparse:
             u = None
             for t in sparse:
-                n = t._values.numel()
+                n = t._vals.numel()
                 ids = torch.arange(1, n + 1, dtype=torch.float64) if t is s else torch.zeros(n, dtype=torch.float64)
                 part = t._like(values=ids, nnz=t._stored)
                 u = part if u is None else _evaluate("+", idx, (u, part))
@@ -257,7 +257,7 @@ def _on_union_values(sparse: list):
                 union = u
             elif not same_pattern(union, u):
                 raise InternalError("pointwise: the unions of one set of patterns differ")
-            out[id(s)] = torch.cat([s._values.new_zeros(1), s._values])[u._values.long()]
+            out[id(s)] = torch.cat([s._vals.new_zeros(1), s._vals])[u._vals.long()]
     return union, out
 
 
@@ -306,7 +306,7 @@ def _in_place_with_dense(func, args, kwargs, x: SparseTensor):
 
     def at(a):
         if isinstance(a, SparseTensor):
-            return a._values
+            return a._vals
         return project(a.expand(x.shape), x, entries) if isinstance(a, torch.Tensor) and not _is_scalar(a) else a
     func(*[at(a) for a in args], **{k: at(v) for k, v in kwargs.items()})
     _clear_padding(x, entries)
@@ -314,12 +314,12 @@ def _in_place_with_dense(func, args, kwargs, x: SparseTensor):
 
 
 def _clear_padding(x: SparseTensor, entries=None) -> None:
-    """After an in-place write into all of ``x._values``: its unused slots (ELL's padding, which
+    """After an in-place write into all of ``x._vals``: its unused slots (ELL's padding, which
     a norm or a dot product of the values would count) hold 0 again."""
-    if x._stored < x._values.numel():
-        keep = torch.zeros(x._values.numel(), dtype=torch.bool)
+    if x._stored < x._vals.numel():
+        keep = torch.zeros(x._vals.numel(), dtype=torch.bool)
         keep[(entries if entries is not None else stored(x))[1]] = True
-        x._values.masked_fill_(~keep, 0)
+        x._vals.masked_fill_(~keep, 0)
 
 
 def _absent_nonzero(func, args, kwargs, x: SparseTensor, entries) -> torch.Tensor | None:
@@ -357,7 +357,7 @@ def _into_dense(func, args, kwargs):
             and other.dtype == dst.dtype:
         alpha = args[2] if len(args) > 2 else kwargs.get("alpha", 1)
         coords, where = stored(other)
-        vals = other._values[where]
+        vals = other._vals[where]
         return dst.index_put_(tuple(coords), vals if sign * alpha == 1 else vals * (sign * alpha), accumulate=True)
     check_dense_size(f"{func.overloadpacket.__name__} writes into a dense tensor, and", leaves(args, kwargs))
     return densified(func, args, kwargs)
@@ -387,7 +387,7 @@ def _zeros_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory
     ``layout=`` of torch's (``torch.strided``, ``torch.sparse_coo``...), torch's zeros of it."""
     if layout is not None:
         return torch.zeros(x.shape, dtype=x.dtype if dtype is None else dtype, layout=layout)
-    return x._like(values=torch.zeros_like(x._values, dtype=dtype), nnz=x._stored)
+    return x._like(values=torch.zeros_like(x._vals, dtype=dtype), nnz=x._stored)
 
 
 @implements_aten(torch.ops.aten.new_zeros.default)
@@ -429,7 +429,7 @@ def _new_full(x, size, fill_value, dtype=None, layout=None, device=None, pin_mem
 
 @implements_aten(torch.ops.aten.zero_.default)
 def _zero_(x):
-    x._values.zero_()
+    x._vals.zero_()
     return x
 
 
@@ -444,7 +444,7 @@ def _fill_(x, value):
         value = value.item()
     if value != 0:
         _every_position_if_unset(x)
-    x._values.fill_(value)
+    x._vals.fill_(value)
     _clear_padding(x)
     return x
 
@@ -472,7 +472,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
         raise ScorchValueError(f"dropout: p must be in [0, 1], got {p}")
     if not training or p == 0:
         return input
-    keep = torch.empty_like(input._values).bernoulli_(1 - p)
+    keep = torch.empty_like(input._vals).bernoulli_(1 - p)
     if inplace:   # an in-place product autograd records (and refuses through a view, as any write)
         return input.mul_(input._like(values=keep / (1 - p) if p < 1 else keep * 0, nnz=input._stored))
     values = input.values() * keep / (1 - p) if p < 1 else input.values() * 0
@@ -527,7 +527,7 @@ def _mask_hits(x: SparseTensor, mask) -> torch.Tensor:
     if at is None:
         return project(_densified(mask, "masked_fill: a sparse mask that broadcasts").expand(x._shape), x)
     where, hit = stored_hits(x, at)
-    hits = torch.zeros(x._values.shape, dtype=torch.bool)
+    hits = torch.zeros(x._vals.shape, dtype=torch.bool)
     hits[where] = hit
     return hits
 
@@ -553,7 +553,7 @@ def _masked_fill(self, mask, value):
     if not isinstance(self, SparseTensor):   # a dense tensor with a sparse mask
         return torch.ops.aten.masked_fill.Scalar(self, _densified(mask, "masked_fill: the sparse mask"), value)
     if value == 0 and not traced:
-        return self._like(values=self._values.masked_fill(_mask_hits(self, mask), 0), nnz=self._stored)
+        return self._like(values=self._vals.masked_fill(_mask_hits(self, mask), 0), nnz=self._stored)
     check_dense_size("masked_fill with a value other than 0 gives a dense result, and", [self, mask])
     return torch.ops.aten.masked_fill.Scalar(self.to_dense(), _densified(mask, "masked_fill"), value)
 
@@ -576,7 +576,7 @@ def _masked_fill_(self, mask, value):
         if at.shape[1] != int(hits.sum()):
             store_at(self, at, torch.full((at.shape[1],), value, dtype=self.dtype), "masked_fill_")
             return self
-    self._values.masked_fill_(hits, value)
+    self._vals.masked_fill_(hits, value)
     return self
 
 
@@ -585,7 +585,7 @@ def _amp_unscale_(grads, found_inf, inv_scale):
     """GradScaler's unscale of the gradients (a SparseTensor's: its stored values), ``found_inf``
     set where one is not finite."""
     torch._amp_foreach_non_finite_check_and_unscale_(
-        [g._values if isinstance(g, SparseTensor) else g for g in grads], found_inf, inv_scale)
+        [g._vals if isinstance(g, SparseTensor) else g for g in grads], found_inf, inv_scale)
 
 
 def _fused_step(func):
@@ -609,7 +609,7 @@ def _fused_step(func):
             for p, t in zip(params, args[k]):
                 sparse = isinstance(p, SparseTensor)
                 if isinstance(t, SparseTensor) and sparse and same_pattern(p, t):
-                    t = t._values
+                    t = t._vals
                 elif sparse and type(t) is torch.Tensor and tuple(t.shape) == p._shape:
                     at = stored(p)   # a dense state (Adagrad's full_like sums): its values at the entries,
                     back.append((t, at, project(t, p, at)))   # written back after the step
@@ -650,7 +650,7 @@ def _fill_stored(func):
             raise NotSupportedError(f"{func.overloadpacket.__name__}: a tensor of parameters is not supported "
                                     "on a SparseTensor; pass a number")
         _every_position_if_unset(self, only_if_empty=True)
-        func(self._values, *args, **kwargs)
+        func(self._vals, *args, **kwargs)
         _clear_padding(self)
         return self
     return fill
@@ -669,7 +669,7 @@ def _part(x: SparseTensor, part: str) -> SparseTensor:
     """The pattern holding the ``part`` ("real" / "imag") of the stored values."""
     if x._needs_grad():
         return x.with_values(getattr(x.values(), part))
-    return x._like(values=getattr(x._values, part), nnz=x._stored)
+    return x._like(values=getattr(x._vals, part), nnz=x._stored)
 
 
 @implements(torch.real, torch.Tensor.real.__get__)

@@ -65,7 +65,7 @@ def _keep(out: torch.Tensor, dims, keepdim: bool) -> torch.Tensor:
 
 def _entries(x: SparseTensor):
     """Coordinates and (differentiable) values of the stored entries."""
-    coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
+    coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._vals, positions=True)
     return coords, x.values()[where]
 
 
@@ -259,7 +259,7 @@ def _softmax(x: SparseTensor, dim, log: bool, dtype=None, op="softmax", scale: f
         total = torch.zeros((lengths.numel(), cols.shape[1]), dtype=e.dtype).index_add(0, group, e)[group]
         res = (shifted - total.log() if log else e / total).reshape(-1)
         return x.detach().with_values(res) if res.requires_grad else x._like(values=res, nnz=x._stored)
-    coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._values, positions=True)
+    coords, _, where = coords_of(x._format, x._shape, x._pos, x._crd, x._vals, positions=True)
     v = vals[where]
     key, n = _group(coords, x.shape, (d,))
     m = torch.full((n,), float("-inf"), dtype=v.dtype).scatter_reduce(0, key, v.detach(), "amax")

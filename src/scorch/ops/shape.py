@@ -93,7 +93,7 @@ def rebuild(fmt: Format, shape, coords: torch.Tensor, vals: torch.Tensor, index_
 def entries(x: SparseTensor):
     """``(coords, ids)``: the coordinates of ``x``'s stored entries (``ndim x nnz`` int64)
     and each one's position in ``x.values()``."""
-    return convert.coords_of(x._format, x._shape, x._pos, x._crd, torch.arange(x._values.numel()))
+    return convert.coords_of(x._format, x._shape, x._pos, x._crd, torch.arange(x._vals.numel()))
 
 
 def assemble(fmt: Format, shape, coords, ids, source: torch.Tensor, index_dtype=None):
@@ -110,7 +110,7 @@ def take_positions(pattern: SparseTensor, source: torch.Tensor) -> SparseTensor:
     """``pattern`` holding, at each stored entry, ``source[p - 1]`` for the position ``p`` it holds
     (0: a padding slot, which gets 0); differentiable w.r.t. ``source``."""
     padded = torch.cat([source.new_zeros(1), source])
-    return pattern.with_values(padded[pattern._values.long()])
+    return pattern.with_values(padded[pattern._vals.long()])
 
 
 def _rebuild_like(x: SparseTensor, shape, coords, ids):
@@ -122,10 +122,10 @@ def _view_like(x: SparseTensor, shape, coords, ids):
     own values array when the new storage keeps their order -- writes into the stored values
     reach ``x``, as a torch view's do -- else on gathered values, as :func:`_rebuild_like`."""
     n = ids.numel()
-    if not shape or x._stored != x._values.numel() or n != x._stored:   # (0-d, or ELL's unused slots)
+    if not shape or x._stored != x._vals.numel() or n != x._stored:   # (0-d, or ELL's unused slots)
         return _rebuild_like(x, shape, coords, ids)
     pattern = rebuild(x._format, shape, coords, ids + 1, x.index_dtype)   # each entry's position + 1
-    if pattern._values.numel() == n and bool((pattern._values == torch.arange(1, n + 1)).all()):
+    if pattern._vals.numel() == n and bool((pattern._vals == torch.arange(1, n + 1)).all()):
         return x._on_values_of(pattern)
     return take_positions(pattern, x.values())
 
