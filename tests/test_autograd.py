@@ -626,3 +626,72 @@ def test_forward_mode_through_from_coo_and_a_dense_sum():
         for op in (torch.add, torch.sub):
             torch.testing.assert_close(fwAD.unpack_dual(op(A, torch.ones(2, 2))).tangent,
                                        fwAD.unpack_dual(op(D, torch.ones(2, 2))).tangent)
+
+
+@pytest.mark.parametrize("op", [torch.exp, torch.sigmoid, lambda w: w + 1, lambda w: w * w])
+def test_create_graph_gradient_of_a_sparse_leaf_stays_in_the_graph(op):
+    # a gradient arriving dense (exp, sigmoid, w + 1) lost its graph in the leaf's pattern hook:
+    # the gradient penalty was silently dropped, and HVPs raised
+    W0 = torch.tensor([[0.5, 0.], [0., -1.]])
+    mask = W0 != 0
+    W = torch.nn.Parameter(scorch.as_sparse(W0.clone(), "csr"))
+    D = torch.nn.Parameter(W0.clone())
+    g, = torch.autograd.grad(op(W).sum(), W, create_graph=True)
+    gd, = torch.autograd.grad(op(D).sum(), D, create_graph=True)
+    assert g.requires_grad == gd.requires_grad
+    (op(W).sum() + g.pow(2).sum()).backward()
+    (op(D).sum() + (gd * mask).pow(2).sum()).backward()
+    torch.testing.assert_close(W.grad.to_dense(), D.grad * mask)
+    # backward(create_graph=True) accumulates a sparse gradient that stays in the graph
+    W.grad = None
+    op(W).sum().backward(create_graph=True)
+    D.grad = None
+    op(D).sum().backward(create_graph=True)
+    assert isinstance(W.grad, scorch.SparseTensor) and W.grad.requires_grad == D.grad.requires_grad
+    if D.grad.requires_grad:
+        hv, = torch.autograd.grad(W.grad.sum(), W)
+        hvd, = torch.autograd.grad((D.grad * mask).sum(), D)
+        torch.testing.assert_close(hv.to_dense(), hvd * mask)
+
+
+def test_a_set_gradient_storing_part_of_the_pattern_takes_the_parameters_pattern():
+    # Adamax's grad.abs() + eps reached only the gradient's stored entries: 0 / 0 = NaN elsewhere
+    W, G = torch.tensor([[1., 0], [0, 2]]), torch.tensor([[0.5, 0], [0, 0]])
+    for grad in (scorch.as_sparse(G, "csr"), scorch.as_sparse(torch.zeros(2, 2), "csr"), scorch.as_sparse(G, "coo")):
+        p, d = torch.nn.Parameter(scorch.as_sparse(W.clone(), "csr")), torch.nn.Parameter(W.clone())
+        p.grad, d.grad = grad, grad.to_dense()
+        assert p.grad.format == p.format and p.grad.nnz == p.nnz
+        torch.optim.Adamax([p], lr=0.1).step()
+        torch.optim.Adamax([d], lr=0.1).step()
+        torch.testing.assert_close(p.to_dense().detach(), d.detach())
+    # a fused step with a gradient of the same entries in another format keeps the parameter's storage
+    p = torch.nn.Parameter(scorch.as_sparse(W.clone(), "csr", index_dtype=torch.int64))
+    alias = p.detach()
+    p.grad = scorch.as_sparse(torch.tensor([[0.5, 0], [0, 1.]]), "coo")
+    torch.optim.Adam([p], lr=0.1, fused=True).step()
+    assert p.index_dtype == torch.int64 and torch.equal(alias.to_dense(), p.to_dense().detach())
+    wider = scorch.as_sparse(torch.ones(2, 2), "csr")   # not within: set as it is
+    p.grad = wider
+    assert p.grad is wider
+
+
+def test_vmap_of_grad_over_with_values():
+    # per-sample gradients of a sparse layer: project wrote in place into an unbatched buffer
+    from torch.func import grad, vmap
+    torch.manual_seed(0)
+    W = torch.randn(6, 8) * (torch.rand(6, 8) < 0.5)
+    A = scorch.as_sparse(W, "csr")
+    v = A.values().detach().clone()
+    ij = tuple(W.nonzero().t())
+    xs, ys = torch.randn(4, 8), torch.randn(4, 6)
+
+    def dense_loss(v, x, y):
+        return ((torch.zeros(6, 8).index_put(ij, v) @ x) - y).pow(2).sum()
+
+    def sparse_loss(v, x, y):
+        return ((A.with_values(v) @ x) - y).pow(2).sum()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = vmap(grad(sparse_loss), in_dims=(None, 0, 0))(v, xs, ys)
+    torch.testing.assert_close(got, vmap(grad(dense_loss), in_dims=(None, 0, 0))(v, xs, ys))

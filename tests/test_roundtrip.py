@@ -1118,3 +1118,103 @@ def test_saving_and_copying_leave_what_scorch_derived_behind():
     assert torch.equal(torch.load(buf, weights_only=True).to_dense(), d)
     C = copy.deepcopy(A)
     assert torch.equal(C.to_dense(), d) and not any(vars(t) for t in (*C._pos, *C._crd) if t is not None)
+
+
+# ---------------------------------------------------------------- the twentieth session's interop checks
+
+def test_dlpack_export_is_refused_not_an_empty_buffer():
+    # the wrapper reports a strided layout, so torch's own check passed: from_dlpack read the
+    # wrapper's empty buffer (garbage from numpy, a segfault from torch)
+    A = scorch.as_sparse(torch.tensor([[1., 0.], [0., 2.]]), "csr")
+    for export in (torch.from_dlpack, np.from_dlpack, lambda a: a.__dlpack__()):
+        with pytest.raises(BufferError, match="SparseTensor"):
+            export(A)
+    assert A.__dlpack_device__() == torch.ones(1).__dlpack_device__()
+    assert float(torch.from_dlpack(A.to_dense()).sum()) == 3.0
+
+
+@pytest.mark.parametrize("device", ["meta", torch.device("meta")])
+def test_to_another_device_is_refused(device):
+    # to("meta") was taken, and conversions then handed meta pointers to C (a segfault)
+    A = scorch.as_sparse(torch.tensor([[1., 0, 2], [0, 3, 0]]), "csr")
+    with pytest.raises(scorch.NotSupportedError, match="lives on the CPU"):
+        A.to(device)
+    m = torch.nn.Linear(3, 2)
+    m.weight = torch.nn.Parameter(A)
+    with pytest.raises(scorch.NotSupportedError, match="lives on the CPU"):
+        m.to("meta")
+    assert A.to("cpu") is A and torch.equal(A.to(torch.float64, copy=True).to_dense(), A.to_dense().double())
+
+
+@pytest.mark.parametrize("fmt", ["coo", "ell", "dcsr", "csc", "csr", "bsr1x1"])
+def test_to_torch_keeps_the_graph_in_every_format(fmt):
+    # only 2-d CSR/CSC/BSR kept requires_grad: the COO branch read the raw values array
+    x = torch.tensor([[1., 0, 2], [0, 3, 0]])
+    A = scorch.as_sparse(x, scorch.formats.bsr(1, 1) if fmt == "bsr1x1" else fmt).requires_grad_()
+    T = A.to_torch()
+    assert T.requires_grad and torch.equal(T.to_dense().detach(), x)
+    w = torch.arange(6.).reshape(2, 3)
+    (T.to_dense() * w).sum().backward()
+    torch.testing.assert_close(A.grad.to_dense(), w * (x != 0))
+
+
+def test_ell_of_a_huge_outer_dim_is_refused_before_allocating():
+    # a count per padded row (2^32 of them: 34 GB) was allocated before the padding check refused
+    import resource
+    with pytest.raises(scorch.NotSupportedError, match="padded level"):
+        scorch.from_coo([[0, 1], [5, 6], [1, 0]], [1., 2.], (2, 2**31, 2), format="ell")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(scorch.NotSupportedError, match="padded level"):
+        scorch.from_coo([[0, 5], [1, 2]], [1., 2.], (2**28, 3), format="ell")
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 512 * 1024   # KiB: no 2 GB peak
+    x = torch.tensor([[0., 1, 0, 2], [0, 0, 0, 0], [3, 4, 5, 0]])
+    for fmt in ("ell", Format([dense, padded, padded])):
+        y = x if fmt == "ell" else torch.stack([x, x.flip(0)])
+        assert torch.equal(scorch.as_sparse(y, fmt).to_dense(), y)
+
+
+def test_unsigned_indices_and_value_dtypes():
+    idx = np.array([[0, 1], [2, 0]], dtype=np.uint64)
+    A = scorch.from_coo(idx, [1., 2.], (2, 3))
+    want = torch.sparse_coo_tensor(torch.from_numpy(idx.astype(np.int64)), torch.tensor([1., 2.]), (2, 3))
+    assert torch.equal(A.to_dense(), want.to_dense())
+    with pytest.raises(ValueError, match="past the largest int64"):
+        scorch.from_coo(np.array([[2**63], [0]], dtype=np.uint64), [1.], (2, 2))
+    # values torch's CPU ops only partly compute in: refused at the door, not in a later op
+    for make in (lambda: scorch.as_sparse(torch.tensor([[1, 0], [0, 2]], dtype=torch.uint32)),
+                 lambda: scorch.as_sparse(np.array([[1, 0], [0, 2]], dtype=np.uint32)),
+                 lambda: scorch.from_coo([[0], [1]], torch.tensor([3], dtype=torch.uint16), (2, 2)),
+                 lambda: scorch.as_sparse(torch.eye(2).to(torch.float8_e4m3fn)),
+                 lambda: scorch.as_sparse(torch.eye(2)).to(torch.uint64)):
+        with pytest.raises(TypeError, match="not supported"):
+            make()
+    sp = pytest.importorskip("scipy.sparse")
+    with pytest.raises(TypeError, match="not supported"):
+        scorch.as_sparse(sp.csr_array(np.eye(2, dtype=np.uint32)))
+
+
+def test_to_scipy_of_complex_half_is_complex64():
+    x = torch.tensor([[1 + 2j, 0], [0, 3j]], dtype=torch.complex64)
+    pytest.importorskip("scipy.sparse")
+    S = scorch.as_sparse(x.to(torch.complex32)).to_scipy()
+    assert S.dtype == np.complex64 and np.array_equal(S.toarray(), x.numpy())
+
+
+def test_sparse_mask_with_a_sparse_tensor_mask():
+    x = torch.tensor([[1., 0, 2], [0, 3, 0]])
+    m = torch.tensor([[0., 5, 1], [1, 0, 0]])
+    M = scorch.as_sparse(m, "coo")
+    for inp in (torch.ones(2, 3), x, scorch.as_sparse(x, "csr")):
+        dense_inp = inp.to_dense() if isinstance(inp, SparseTensor) else inp
+        want = dense_inp.sparse_mask(m.to_sparse()).to_dense()
+        got = inp.sparse_mask(M)
+        assert isinstance(got, SparseTensor) and got.nnz == 3 and torch.equal(got.to_dense(), want)
+    got = scorch.as_sparse(x, "csr").sparse_mask(m.to_sparse())   # a torch.sparse mask beside a SparseTensor
+    assert torch.equal(got.to_dense(), x.sparse_mask(m.to_sparse()).to_dense())
+    d = torch.randn(2, 3, requires_grad=True)
+    (d.sparse_mask(M).to_dense() * 2).sum().backward()
+    torch.testing.assert_close(d.grad, 2 * (m != 0).float())
+    with pytest.raises(ValueError, match="same shape"):
+        torch.ones(3, 3).sparse_mask(M)
+    with pytest.raises(TypeError, match="mask must be a sparse tensor"):
+        scorch.as_sparse(x).sparse_mask(m)

@@ -23,7 +23,7 @@ from . import config
 from ._memo import remember
 from .errors import NotSupportedError, ScorchTypeError, ScorchValueError
 from .interop import check_foreign, check_torch_sparse
-from .tensor import SparseTensor
+from .tensor import SparseTensor, _within
 
 _FUNCTIONS: dict[Callable, Callable] = {}
 _ATEN: dict = {}
@@ -543,6 +543,28 @@ for _name in ("tolist", "_nnz", "sparse_dim", "dense_dim", "crow_indices", "col_
     implements(getattr(torch.Tensor, _name))(getattr(SparseTensor, _name))
 
 
+@implements(torch.Tensor.grad.__set__)   # p.grad = g
+def _set_grad(self, grad):
+    """``p.grad = g`` with a sparse ``p`` and a sparse ``g`` storing some of ``p``'s positions (or
+    the same ones in another format): ``g`` in ``p``'s pattern, zeros stored where it has none --
+    as autograd's gradients arrive.  An optimizer's ``grad + eps`` then reaches every stored
+    position (Adamax divided 0 by 0 where ``g`` stored nothing), and a fused step keeps ``p``'s
+    storage.  Any other ``g`` is set as it is."""
+    if isinstance(self, SparseTensor) and isinstance(grad, SparseTensor):
+        grad = _in_pattern_of(self, grad)
+    return as_torch_runs(torch.Tensor.grad.__set__, self, grad)
+
+
+def _in_pattern_of(p: SparseTensor, g: SparseTensor) -> SparseTensor:
+    from .ops._pattern import in_pattern, project, same_pattern
+    if g.shape != p.shape or g.dtype != p.dtype or same_pattern(g, p):
+        return g
+    same = g if g._format == p._format else g.asformat(p._format)
+    if not _within(same, p):
+        return g
+    return in_pattern(p, project(g, p))
+
+
 # A SparseTensor's buffers are its index arrays and values; the wrapper has no storage of its
 # own, and torch's storage methods on it crash the process (share_memory_, a storage's copy_).
 @implements(torch.Tensor.data.__set__)   # x.data = y
@@ -596,6 +618,15 @@ def _no_data_ptr(self, *args, **kwargs):
                           "and x.crd(level) (each has a data_ptr), or use x.to_dense()")
 
 
+@implements(torch.Tensor.__dlpack__)
+def _no_dlpack(self, *args, **kwargs):
+    """DLPack describes one strided buffer, which a SparseTensor does not have (the wrapper reports
+    a strided layout, so torch's own check let ``torch.from_dlpack(A)`` / ``np.from_dlpack(A)`` read
+    the wrapper's empty buffer: garbage or a segfault).  torch.sparse's tensors raise the same."""
+    raise BufferError("Can't export a SparseTensor through DLPack (it has no strided buffer): export "
+                      "x.to_dense(), or its arrays x.values(), x.pos(level), x.crd(level)")
+
+
 @implements(torch.Tensor.apply_)
 def _apply_(self, callable):
     """``fn`` on each stored value, in place (as every in-place op: the pattern stays)."""
@@ -617,6 +648,19 @@ def _copy(self, src, non_blocking=False):
 @implements_aten(torch.ops.aten.detach.default, torch.ops.aten.alias.default)
 def _aten_detach(x):
     return x.detach()
+
+
+@implements_aten(torch.ops.aten.new_empty_strided.default)
+def _aten_new_empty_strided(x, size, stride, **kwargs):
+    """A SparseTensor's ``new_empty_strided`` of its own shape and dtype: its pattern, zeros stored.
+    Autograd's gradient layout contract asks for it (``new_grad.new_empty_strided(...).copy_(new_grad)``)
+    when a backward with ``create_graph=True`` accumulates a gradient: a sparse gradient stays sparse
+    (it became dense).  Any other shape or dtype: the dense fallback's strided tensor."""
+    dtype, device = kwargs.get("dtype"), kwargs.get("device")
+    if (isinstance(x, SparseTensor) and tuple(size) == x._shape and dtype in (None, x.dtype)
+            and (device is None or torch.device(device).type == "cpu") and kwargs.get("layout") in (None, torch.strided)):
+        return x._like(values=torch.zeros_like(x._vals), nnz=x._stored)
+    return dense_fallback(torch.ops.aten.new_empty_strided.default, (x, size, stride), kwargs)
 
 
 @implements_aten(torch.ops.aten.clone.default)
@@ -648,7 +692,8 @@ def _aten_to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_
 def _aten_copy(dst, src, non_blocking=False):
     if not isinstance(dst, SparseTensor):
         return dst.copy_(src.to_dense() if isinstance(src, SparseTensor) else src)
-    return dst.copy_(src)
+    with torch.no_grad():   # (below autograd, which recorded the copy: CopyBackwards)
+        return dst.copy_(src)
 
 
 def _same_pattern(a: SparseTensor, b: SparseTensor) -> bool:

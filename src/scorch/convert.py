@@ -306,11 +306,13 @@ def build(fmt: Format, shape, coords: torch.Tensor, vals: torch.Tensor, index_dt
                 pos[k] = _counts_to_pos(parents, npos)
                 p, npos, chain_new = q, crd[k].numel(), new
             else:
-                counts = torch.bincount(parents, minlength=npos) if nnz else torch.zeros(npos, dtype=_I64)
-                slots = int(counts.max()) if counts.numel() else 0
+                # per parent that has entries (sorted): a count per parent position was an array the
+                # size of the padded level's rows, allocated before check_padding could refuse it
+                held, counts = torch.unique_consecutive(parents, return_counts=True)
+                slots = int(counts.max()) if nnz else 0
                 check_padding(npos, slots, nnz, vals.element_size(), shape)
                 first = torch.cumsum(counts, 0) - counts
-                slot = q - first[p] if nnz else q
+                slot = q - first[torch.searchsorted(held, p)] if nnz else q
                 p = p * slots + slot
                 crd[k] = torch.full((npos * slots,), -1, dtype=_I64)
                 crd[k][p] = c

@@ -17,7 +17,7 @@ import torch
 from . import convert
 from .errors import NotSupportedError, ScorchTypeError, ScorchValueError
 from .format import Format, bsc_format, bsr_format, resolve
-from .tensor import (_FORWARD_AD, SparseTensor, _batched, _has_tangent, _layers_deep, _unwrapped, check_cpu_values,
+from .tensor import (_FORWARD_AD, SparseTensor, _batched, _has_tangent, _layers_deep, _unwrapped, check_values,
                      cpu_entry)
 
 __all__ = ["as_sparse", "from_coo", "is_sparse", "to_torch", "to_scipy", "validate_storage"]
@@ -72,6 +72,7 @@ def as_sparse(x, format="csr", *, index_dtype=None) -> SparseTensor:
         if x.dim() == 0:
             raise ScorchValueError("as_sparse: x is 0-d (a scalar); a sparse tensor needs at least 1 dim")
         fmt = resolve(format, x.dim())
+        check_values(x, "as_sparse")
         if x.layout == torch.strided:
             _check_blocks(fmt, x.shape)
             (pos, crd), vals = convert.from_dense(fmt, x.detach(), index_dtype)
@@ -170,7 +171,7 @@ def from_coo(indices, values, shape=None, format="coo", *, index_dtype=None) -> 
         raise ScorchValueError(f"from_coo: indices must be 2-d (ndim x nnz), got shape {tuple(idx.shape)}")
     if values is None:
         raise ScorchTypeError("from_coo: values must be a tensor, an array or a sequence of numbers, got None")
-    check_cpu_values(values, "from_coo")
+    check_values(values, "from_coo")
     vals = values if isinstance(values, torch.Tensor) else torch.from_numpy(values) if isinstance(values, np.ndarray) \
         else torch.as_tensor(values)   # Python numbers: torch's default dtype, as sparse_coo_tensor's
     if vals.dim() == 0:
@@ -236,7 +237,16 @@ def _index_tensor(x, arg: str) -> torch.Tensor:
         raise ScorchTypeError(f"{arg} must be an integer tensor, got dtype {t.dtype}")
     if t.dtype == torch.bool:
         raise ScorchTypeError(f"{arg} must be an integer tensor, got dtype torch.bool")
+    if t.dtype in _UNSIGNED:   # (numpy's uint64 indices: torch's min / max do not take them)
+        top = int(t.numpy().max()) if t.numel() else 0
+        if top > _I64_MAX:
+            raise ScorchValueError(f"{arg} has index {top}, past the largest int64 index")
+        t = t.to(torch.int64)
     return t
+
+
+_UNSIGNED = {getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)}
+_I64_MAX = 2**63 - 1
 
 
 def _check_shape(shape) -> tuple:
@@ -308,7 +318,7 @@ def validate_storage(fmt: Format, shape, pos, crd, values, *, arg: str = "storag
                                   f"{type(bad).__name__}")
     if not isinstance(values, torch.Tensor):
         raise ScorchTypeError(f"{arg}: values must be a torch.Tensor, got {type(values).__name__}")
-    check_cpu_values(values, arg)
+    check_values(values, arg)
     dtypes = {t.dtype for t in (*pos, *crd) if t is not None}
     if not dtypes <= {torch.int32, torch.int64} or len(dtypes) > 1:
         raise ScorchTypeError(f"{arg}: index arrays must all be int32 or all int64, got {sorted(map(str, dtypes))}")
@@ -508,7 +518,8 @@ def to_torch(A: SparseTensor) -> torch.Tensor:
     if name.startswith(("bsr", "bsc")):
         make = torch.sparse_bsr_tensor if name.startswith("bsr") else torch.sparse_bsc_tensor
         return _quietly(make, A.pos(1), A.crd(1), v.view(-1, *fmt.block), A.shape)
-    coords, vals = A.coo()
+    coords, _, where = convert.coords_of(fmt, A._shape, A._pos, A._crd, A._vals, positions=True)
+    vals = v[where]   # (from v: differentiable, as the compressed layouts' -- coo() reads the raw array)
     in_order = fmt.order == tuple(range(len(fmt.levels))) and not fmt.block
     out = torch.sparse_coo_tensor(coords, vals, A.shape, is_coalesced=in_order, check_invariants=False)
     return out if in_order else out.coalesce()
@@ -558,6 +569,7 @@ def _from_scipy(x, format, index_dtype) -> SparseTensor:
     if data.dtype.kind not in "fciub":
         raise ScorchTypeError(f"as_sparse: scipy matrix has unsupported dtype {data.dtype}")
     vals = torch.from_numpy(data.copy())
+    check_values(vals, "as_sparse (a scipy matrix's data)")
     shape = tuple(int(s) for s in coo.shape)
     fmt = resolve(format, len(shape))
     _check_coords(idx, shape, "scipy matrix indices")
@@ -573,6 +585,8 @@ def to_scipy(A: SparseTensor):
     v = A.values().detach().clone()   # scipy's in-place methods (eliminate_zeros, sort_indices) rewrite
     if v.dtype in (torch.bfloat16, torch.float16):  # its arrays: A's are not handed over (pos / crd copy too)
         v = v.float()                 # (scipy.sparse has neither half type; float32 holds both exactly)
+    elif v.dtype == torch.complex32:
+        v = v.to(torch.complex64)     # (nor a complex half: complex64 holds it exactly)
     name = A.format.name or ""
     if name in ("csr", "csc"):
         make = sp.csr_array if name == "csr" else sp.csc_array

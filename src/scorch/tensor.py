@@ -261,7 +261,7 @@ class SparseTensor(torch.Tensor):
         if not isinstance(values, torch.Tensor) or values.shape != self._vals.shape:
             raise ScorchValueError(f"with_values: values must be a tensor of shape {tuple(self._vals.shape)}, "
                                    f"got {getattr(values, 'shape', type(values).__name__)}")
-        check_cpu_values(values, "with_values")
+        check_values(values, "with_values")
         if (values.requires_grad and torch.is_grad_enabled()) or (
                 torch._C._functorch.maybe_current_level() is not None and _layers_deep(values)):
             from .ops.einsum import FromValues   # (torch.func: values it wraps have their tangents there)
@@ -551,6 +551,11 @@ class SparseTensor(torch.Tensor):
         kwargs = dict(kwargs)
         copy = kwargs.pop("copy", False)   # torch's parser of to()'s arguments does not take it
         device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
+        if device is not None and device.type != "cpu":   # (to("meta") was taken: C then read meta pointers)
+            raise NotSupportedError(f"to(): a SparseTensor lives on the CPU (scorch's kernels run there), got "
+                                    f"device {device}; use x.to_dense().to({str(device)!r})")
+        if dtype is not None and dtype not in _VALUE_DTYPES:
+            check_values(torch.empty(0, dtype=dtype), "to()")
         values = self._vals
         if dtype is not None or device is not None:
             values = values.to(device=device, dtype=dtype, non_blocking=non_blocking, copy=copy)
@@ -835,12 +840,24 @@ def resolved(x: torch.Tensor) -> torch.Tensor:
     return x.resolve_conj().resolve_neg() if x.is_neg() or x.is_conj() else x
 
 
-def check_cpu_values(values, arg: str) -> None:
+def check_values(values, arg: str) -> None:
     """Values a SparseTensor is built from live on the CPU (a meta tensor's were read as zeros; the
-    kernels read the array by pointer)."""
-    if isinstance(values, torch.Tensor) and values.device.type != "cpu":
+    kernels read the array by pointer) and have a dtype torch's CPU ops compute in: uint16/32/64 and
+    the float8 types have no nonzero / index_put / sums there, so such a tensor failed later, in
+    whichever op first touched it."""
+    if not isinstance(values, torch.Tensor):
+        return
+    if values.device.type != "cpu":
         raise NotSupportedError(f"{arg}: values are on {values.device}; SparseTensors live on the CPU "
                                 "(scorch's kernels run there)")
+    if values.dtype not in _VALUE_DTYPES:
+        raise ScorchTypeError(f"{arg}: values of dtype {values.dtype} are not supported (torch's CPU ops compute "
+                              "in it only partially); convert first, e.g. x.to(torch.int64) or x.float()")
+
+
+_VALUE_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                           torch.bfloat16, torch.float32, torch.float64, torch.complex32, torch.complex64,
+                           torch.complex128})
 
 
 _mode_stack = torch._C._len_torch_function_stack   # 0 unless a torch-function mode is on (~30 ns)
@@ -926,12 +943,13 @@ def _grad_in_pattern(box, grad):
     x = box[0]
     if grad is None:
         return grad
-    from .ops._pattern import project, same_pattern
+    from .ops._pattern import in_pattern, project, same_pattern
     if isinstance(grad, SparseTensor) and same_pattern(grad, x):
         return grad
     if _legacy_vmap():   # (is_grads_batched: a batch of dense gradients, 0 off the pattern, taken as they are)
         return grad
-    return x._like(values=project(grad, x).to(x._vals.dtype), nnz=x._stored)
+    # in the graph when the backward records one (create_graph=True: a gradient penalty reads it)
+    return in_pattern(x, project(grad, x).to(x._vals.dtype))
 
 
 def _legacy_vmap() -> bool:

@@ -42,12 +42,12 @@ def project(g, x: SparseTensor, at=None) -> torch.Tensor:
         return out
     if tracked:   # g's values by position, so that the read stays in the graph
         pos = positions(g, coords)
-        out[where] = torch.where(pos >= 0, g.values()[pos.clamp(min=0)], torch.zeros((), dtype=g.dtype))
+        read = torch.where(pos >= 0, g.values()[pos.clamp(min=0)], torch.zeros((), dtype=g.dtype))
     elif isinstance(g, SparseTensor):
-        out[where] = _lookup(g, coords)
+        read = _lookup(g, coords)
     else:
-        out[where] = g[tuple(coords)]
-    return out
+        read = g[tuple(coords)]
+    return out.index_put((where,), read)   # (out of place: under vmap, a batched g gives a batched result)
 
 
 def positions(x: SparseTensor, coords: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,8 @@ import torch
 from .._dispatch import accepts_out, broadcast_shapes, check_dense_size, dense_fallback, implements
 from ..errors import ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
+from ..interop import as_sparse
+from ._pattern import in_pattern, project
 from .reduce import _entries
 from .assign import _densified, mask_points, refuse_grad, values_at, write_points
 from .shape import _dense_call, _dim, along, dense_entries, getitem
@@ -112,6 +114,24 @@ def masked_select(input, mask):
     if mask_points(mask, shape) is None:   # (a sparse mask of the input's shape stays sparse)
         mask = _densified(mask, "masked_select: a sparse mask that broadcasts").expand(shape)
     return _dense(getitem(input, mask))
+
+
+@implements(torch.Tensor.sparse_mask)
+def sparse_mask(input, mask):
+    """``input`` (dense or sparse) read at ``mask``'s stored positions, in ``mask``'s pattern (its
+    values ignored), as torch's ``sparse_mask``: zero where ``input`` stores nothing there;
+    differentiable w.r.t. ``input``.  A torch.sparse ``mask`` beside a SparseTensor ``input`` is
+    taken as scorch's."""
+    if isinstance(mask, torch.Tensor) and not isinstance(mask, SparseTensor) and mask.layout != torch.strided:
+        mask = as_sparse(mask)
+    if not isinstance(mask, SparseTensor):
+        raise ScorchTypeError(f"sparse_mask: mask must be a sparse tensor, got a dense "
+                              f"{type(mask).__name__}" if isinstance(mask, torch.Tensor) else
+                              f"sparse_mask: mask must be a sparse tensor, got {type(mask).__name__}")
+    if not isinstance(input, torch.Tensor) or tuple(input.shape) != tuple(mask.shape):
+        raise ScorchValueError(f"sparse_mask: input and mask must have the same shape, got "
+                               f"{tuple(getattr(input, 'shape', ()))} and {tuple(mask.shape)}")
+    return in_pattern(mask.detach(), project(input, mask))
 
 
 # ---------------------------------------------------------------- writes from a SparseTensor into a dense tensor
