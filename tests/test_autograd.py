@@ -695,3 +695,15 @@ def test_vmap_of_grad_over_with_values():
         warnings.simplefilter("ignore")
         got = vmap(grad(sparse_loss), in_dims=(None, 0, 0))(v, xs, ys)
     torch.testing.assert_close(got, vmap(grad(dense_loss), in_dims=(None, 0, 0))(v, xs, ys))
+
+
+def test_gather_with_an_empty_index_stays_in_the_graph():
+    x = torch.tensor([[[1., 0, 2], [0, 3, 0]]])
+    idx = torch.zeros(1, 2, 0, dtype=torch.long)
+    for gather in (lambda t: torch.gather(t, 2, idx), lambda t: torch.take_along_dim(t, idx, 2)):
+        A, d = scorch.as_sparse(x, "coo").requires_grad_(), x.clone().requires_grad_()
+        got, want = gather(A), gather(d)
+        assert got.requires_grad == want.requires_grad and got.shape == want.shape
+        got.sum().backward()
+        want.sum().backward()
+        torch.testing.assert_close(A.grad.to_dense(), d.grad)

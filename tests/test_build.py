@@ -248,7 +248,7 @@ def test_link_names_only_torch_runtime_even_with_hashed_soname(tmp_path, monkeyp
     fake.write_bytes(data.replace(b"libgomp.so.1\0", b"libgomp-ab.1\0"))
     monkeypatch.setattr(build, "_runtime", [str(fake)])
     (tmp_path / "k.c").write_text(SUM)
-    cmd = build._command(os.environ.get("SCORCH_CC") or "cc", tmp_path / "k.c", tmp_path / "k.so")
+    cmd = build._command(build._cc(), tmp_path / "k.c", tmp_path / "k.so")
     subprocess.run(cmd, check=True, capture_output=True)  # built only: loading it would add a runtime
     dyn = subprocess.run(["readelf", "-d", str(tmp_path / "k.so")], capture_output=True, text=True).stdout
     needed = [line.split("[")[1].rstrip("]") for line in dyn.splitlines() if "(NEEDED)" in line]
@@ -332,3 +332,47 @@ def test_a_fork_during_a_compile_and_a_no_cache_child(env, tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_forked_workers_leave_no_private_dir_behind(tmp_path):
+    """Forked workers exit by os._exit, past atexit: a private dir of their own (SCORCH_NO_CACHE=1)
+    stayed in the temp dir for ever, one per DataLoader worker; they build into the parent's."""
+    code = textwrap.dedent("""
+        import os, sys
+        os.environ["SCORCH_NO_CACHE"] = "1"
+        from scorch.compiler import build
+        assert build.compile_library("int z(void) { return 0; }\\n").z() == 0
+        for k in range(3):
+            pid = os.fork()
+            if pid == 0:
+                lib = build.compile_library(f"int b(void) {{ return {k}; }}\\n")
+                os._exit(0 if lib.b() == k else 3)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0, status
+        print("ok")
+    """)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    assert not list(tmp_path.glob("scorch-*"))   # the parent removed its dir; the children made none
+
+
+def test_compiler_settings_parsed_or_named(env, monkeypatch):
+    from scorch.errors import CompilerError, ScorchValueError
+    monkeypatch.setenv("SCORCH_CFLAGS_OVERRIDE", "")   # set but empty: the defaults (no flags built nothing)
+    assert _add(build.compile_library(ADD, tag="empty"))(1, 2) == 3
+    monkeypatch.delenv("SCORCH_CFLAGS_OVERRIDE")
+    monkeypatch.setenv("SCORCH_CFLAGS", '-O2 "-DX=1')   # (a bare shlex ValueError)
+    with pytest.raises(ScorchValueError, match="SCORCH_CFLAGS="):
+        build.compile_library(ADD, tag="quotes")
+    monkeypatch.delenv("SCORCH_CFLAGS")
+    monkeypatch.setenv("SCORCH_CC", "cc -O1")   # a compiler with arguments (ccache gcc): it was "no compiler"
+    build.clear_cache()
+    assert build.have_compiler() and _add(build.compile_library(ADD, tag="args"))(2, 3) == 5
+    hang = env.parent / "hangcc.sh"   # answers --version and -dM, then hangs on a build
+    hang.write_text('#!/bin/sh\ncase "$*" in *--version*|*-dM*) exec cc "$@";; esac\nsleep 30\n')
+    hang.chmod(0o755)
+    monkeypatch.setenv("SCORCH_CC", str(hang))
+    monkeypatch.setattr(build, "_COMPILE_TIMEOUT", 1)
+    with pytest.raises(CompilerError, match="did not finish in 1 s"):
+        build.compile_library(ADD, tag="hang")

@@ -537,3 +537,15 @@ def test_padded_level_under_stored_levels_reads_its_slots_per_call(levels):
         A = scorch.as_sparse(x, fmt)
         torch.testing.assert_close(scorch.einsum(eq, A, v), torch.einsum(eq, x, v))
         torch.testing.assert_close(A.to_dense(), x)
+
+
+def test_explain_of_complex_operands_says_what_einsum_runs():
+    # explain refused complex operands ("not supported by scorch's kernels") that einsum computes
+    x = torch.tensor([[1 + 2j, 0], [0, 3 - 1j]], dtype=torch.complex64)
+    A, X = scorch.as_sparse(x, "csr"), torch.ones(2, 2, dtype=torch.complex64)
+    torch.testing.assert_close(scorch.einsum("ij,jk->ik", A, X), x @ X)
+    plan = scorch.explain("ij,jk->ik", A, X)
+    real = scorch.explain("ij,jk->ik", scorch.as_sparse(x.real, "csr"), X.real)
+    assert "the sum of 4 such real einsums" in plan.dispatch and plan.loop_order == real.loop_order
+    assert plan.source == real.source and plan.output_format == real.output_format
+    assert "the sum of 2" in scorch.explain("ij->i", A).dispatch

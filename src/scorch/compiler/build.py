@@ -9,7 +9,7 @@ Public API: ``compile_library(source, *, tag="kernel") -> ctypes.CDLL``,
 ``openmp_runtime() -> str | None``, ``clear_cache() -> None``.
 
 Environment (read at call time): ``SCORCH_CC`` (default ``cc``); ``SCORCH_CFLAGS``
-(appended to the flags); ``SCORCH_CFLAGS_OVERRIDE`` (replaces ``DEFAULT_FLAGS``);
+(appended to the flags); ``SCORCH_CFLAGS_OVERRIDE`` (replaces ``DEFAULT_FLAGS`` when not empty);
 ``SCORCH_CACHE_DIR`` (else ``$XDG_CACHE_HOME/scorch`` or ``~/.cache/scorch``);
 ``SCORCH_NO_CACHE=1`` (no disk cache: build in a private per-process temp dir).
 
@@ -53,7 +53,7 @@ from pathlib import Path
 import torch
 
 from scorch import config
-from scorch.errors import CompilerError, InternalError, NotSupportedError
+from scorch.errors import CompilerError, InternalError, NotSupportedError, ScorchValueError
 
 CACHE_VERSION = 1
 # -ffp-contract=fast: ISO C mode (-std=c99) turns off fusing a * b + c into one FMA, which GNU C
@@ -116,17 +116,25 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scorch"
 
 
+def _cc() -> list[str]:
+    """``$SCORCH_CC`` (default ``cc``) as a command: a program and its own arguments (``ccache gcc``,
+    ``gcc -m64``), shell-quoted."""
+    return _split("SCORCH_CC") or ["cc"]
+
+
 def _compiler_identity() -> str | None:
     cc = os.environ.get("SCORCH_CC") or "cc"
     if cc not in _compilers:
-        exe, line = shutil.which(cc), None
+        command, line = _cc(), None
+        exe = shutil.which(command[0])
         try:
-            out = subprocess.run([exe or cc, "--version"], capture_output=True, text=True, timeout=60)
+            out = subprocess.run([exe or command[0], *command[1:], "--version"], capture_output=True, text=True,
+                                 timeout=60)
             if out.returncode == 0:
                 line = (out.stdout or out.stderr).strip().splitlines()[0]
         except (OSError, subprocess.SubprocessError, IndexError):
             pass
-        _compilers[cc] = f"{exe}|{line}" if exe and line else None
+        _compilers[cc] = f"{shlex.join([str(exe), *command[1:]])}|{line}" if exe and line else None
     return _compilers[cc]
 
 
@@ -176,9 +184,20 @@ def openmp_runtime() -> str | None:
 
 
 def _flags() -> list[str]:
+    # SCORCH_CFLAGS_OVERRIDE set but empty counts as unset, as an empty SCORCH_CC does (no flags at
+    # all built no library, and the error blamed scorch)
     override = os.environ.get("SCORCH_CFLAGS_OVERRIDE")
-    flags = shlex.split(override) if override is not None else list(DEFAULT_FLAGS)
-    return flags + shlex.split(os.environ.get("SCORCH_CFLAGS", ""))
+    flags = _split("SCORCH_CFLAGS_OVERRIDE") if override else list(DEFAULT_FLAGS)
+    return flags + _split("SCORCH_CFLAGS")
+
+
+def _split(name: str) -> list[str]:
+    """The environment variable ``name`` as a shell-quoted argument list (its error names it)."""
+    value = os.environ.get(name, "")
+    try:
+        return shlex.split(value)
+    except ValueError as e:
+        raise ScorchValueError(f"{name}={value!r} is not a valid argument list ({e})") from None
 
 
 def vector_bytes() -> int:
@@ -192,10 +211,9 @@ def vector_bytes() -> int:
     env = os.environ
     key = (env.get("SCORCH_CC") or "cc", env.get("SCORCH_CFLAGS_OVERRIDE"), env.get("SCORCH_CFLAGS"))
     if key not in _vector_bytes:   # the raw settings key the memo: no flag parsing per call
-        cc = key[0]
         flags = [f for f in _flags() if f not in ("-shared", "-fPIC")]
         try:
-            out = subprocess.run([cc, *flags, "-dM", "-E", "-x", "c", os.devnull],
+            out = subprocess.run([*_cc(), *flags, "-dM", "-E", "-x", "c", os.devnull],
                                  capture_output=True, text=True, timeout=60)
             macros = out.stdout if out.returncode == 0 else None
         except (OSError, subprocess.SubprocessError):
@@ -208,13 +226,13 @@ def vector_bytes() -> int:
     return _vector_bytes[key]
 
 
-def _command(cc: str, src: Path, out: Path) -> list[str]:
+def _command(cc: list[str], src: Path, out: Path) -> list[str]:
     flags = _flags()
     link = []
     if (rt := openmp_runtime()) is not None:
         # --as-needed: the driver's own -lgomp (added after our inputs) is then unused.
         link = ["-Wl,--as-needed", rt, f"-Wl,-rpath,{os.path.dirname(rt)}"]
-    return [cc, *flags, "-o", str(out), str(src), *link]
+    return [*cc, *flags, "-o", str(out), str(src), *link]
 
 
 def _check_elf(path: Path, data: bytes) -> None:
@@ -259,8 +277,12 @@ def _load(path: Path, *, verify: bool = True) -> ctypes.CDLL:
 
 def _private() -> Path:
     """This process's private build dir (``SCORCH_NO_CACHE=1``, or an unwritable cache dir),
-    removed when the process that made it exits (a forked child's exit leaves it alone)."""
-    if not _private_dir:
+    removed when the process that made it exits.  A forked child builds into its parent's (file
+    names are content hashes, written atomically): a child of its own made one that outlived it,
+    since forked workers leave by ``os._exit``, past atexit -- one per DataLoader worker, for ever.
+    A child whose parent exited (the dir removed) makes its own."""
+    if not _private_dir or not _private_dir[0].is_dir():
+        _private_dir.clear()
         d = Path(tempfile.mkdtemp(prefix="scorch-"))
         atexit.register(_remove_private, d, os.getpid())
         _private_dir.append(d)
@@ -274,10 +296,9 @@ def _remove_private(d: Path, owner: int) -> None:
 
 def _after_fork_in_child() -> None:
     """A child forked while another thread held the build lock (compiling) would wait on it
-    forever: the child gets a new lock; and a private dir of its own (the parent removes its own)."""
+    forever: the child gets a new lock (it shares the parent's private dir: :func:`_private`)."""
     global _lock
     _lock = threading.Lock()
-    _private_dir.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -319,15 +340,22 @@ def _writable(directory: Path) -> bool:
         return False
 
 
+_COMPILE_TIMEOUT = 600   # seconds; a kernel compiles in 0.05-2
+
+
 def _build(source: str, directory: Path, stem: str) -> ctypes.CDLL:
     """Compile into ``directory`` (temp name, then os.replace) and load the result."""
-    cc = os.environ.get("SCORCH_CC") or "cc"
+    cc = _cc()
     c_path = write_atomic(directory, f"{stem}.c", source.encode())
     fd, tmp_so = tempfile.mkstemp(dir=directory, prefix=f".{stem}.", suffix=".so.tmp")
     os.close(fd)
     try:
         cmd = _command(cc, c_path, Path(tmp_so))
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_COMPILE_TIMEOUT)
+        except subprocess.TimeoutExpired:   # (a hung compiler held the build lock: every thread waited)
+            raise _build_error(f"C compiler did not finish in {_COMPILE_TIMEOUT} s: {shlex.join(cmd)}\n"
+                               f"source kept at {c_path}") from None
         if proc.returncode != 0:
             err = proc.stderr.strip()
             err = err if len(err) <= 2000 else err[:2000] + "\n... (truncated)"
@@ -384,7 +412,7 @@ def compile_library(source: str, *, tag: str = "kernel") -> ctypes.CDLL:
         raise NotSupportedError(
             f"compiled kernels need a C compiler, but SCORCH_CC={os.environ.get('SCORCH_CC') or 'cc'!r}"
             " does not run; install gcc/clang or set SCORCH_CC, or use the torch fallback")
-    cmd = _command("$CC", Path("$SRC"), Path("$OUT"))
+    cmd = _command(["$CC"], Path("$SRC"), Path("$OUT"))
     cpu = _cpu_identity() if any("=native" in f for f in cmd) else ""   # (a cache dir shared by machines)
     key = hashlib.sha256("\0".join([str(CACHE_VERSION), ident, cpu, *cmd, source]).encode()).hexdigest()
     if (lib := _memory.get(key)) is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import warnings
 from dataclasses import dataclass, field
 
@@ -750,8 +751,9 @@ def _torch_fallback(ein, ops, out_dtype, format, expr, output=("dense",)):
     global _warned_no_cc
     if not _warned_no_cc:
         _warned_no_cc = True
-        warnings.warn("scorch: no C compiler found ($SCORCH_CC or cc); einsum runs densely with torch "
-                      "(correct but slower)", stacklevel=3)
+        cc = os.environ.get("SCORCH_CC") or "cc"
+        warnings.warn(f"scorch: no C compiler found (SCORCH_CC={cc!r} does not run '--version'); einsum runs "
+                      "densely with torch (correct but slower)", stacklevel=3)
     dense = [x.to_dense() if isinstance(x, SparseTensor) else x for x in ops]
     expr = product(ein) if expr is None else expr
     out = (torch.einsum(str(ein), *dense) if expr == product(ein) else _dense_expression(ein, dense, expr))

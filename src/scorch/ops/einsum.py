@@ -376,6 +376,13 @@ def explain(equation: str, *operands, format=None):
     equation, operands = _diagonals(equation, tuple(operands))   # as einsum runs it: diagonals first
     if any(type(x) is SparseTensor and 1 in x._shape for x in operands):
         operands = _broadcast_sparse(equation, operands)
+    complex_ = [isinstance(x, torch.Tensor) and x.dtype.is_complex for x in operands]
+    permuted = len(operands) == 1 and type(operands[0]) is SparseTensor \
+        and permutation(equation, operands[0].dim()) is not None
+    if any(complex_) and not permuted:   # as einsum runs it (_complex): real einsums of the parts
+        plan = explain(equation, *[x.real if c else x for x, c in zip(operands, complex_)], format=format)
+        return dataclasses.replace(plan, dispatch=f"{plan.dispatch}; complex values: the sum of "
+                                   f"{2 ** sum(complex_)} such real einsums over the real and imaginary parts")
     plan = driver.explain(equation, *operands, format=format)
     if plan.backend == "permute (no kernel)":   # what einsum returns whatever the dispatch: the storage, permuted
         return dataclasses.replace(plan, dispatch="sparse (a permutation of one sparse operand: no product)")

@@ -64,8 +64,9 @@ def gather(input, dim, index, *, sparse_grad=False):
         if e != d and index.shape[e] > x.shape[e]:
             raise ScorchIndexError(f"gather: index's size {index.shape[e]} at dim {e} exceeds the input's "
                                    f"{x.shape[e]}")
-    if index.numel() == 0:
-        return torch.zeros(index.shape, dtype=x.dtype)
+    if index.numel() == 0:   # (in the graph: an empty read of the values, as torch's empty gather is)
+        empty = torch.zeros(index.shape, dtype=x.dtype)
+        return empty + x.values()[:0].sum() if x._needs_grad() else empty
     if int(index.min()) < 0 or int(index.max()) >= x.shape[d]:
         bad = int(index.min()) if int(index.min()) < 0 else int(index.max())
         raise ScorchIndexError(f"gather: index {bad} is out of range for dim {d} of size {x.shape[d]} "
