@@ -263,7 +263,7 @@ def torch_dispatch(func, types, args, kwargs):
     for k, name in written:
         t = args[k] if k < len(args) else kwargs.get(name)
         if type(t) is SparseTensor:
-            if getattr(t, "_grad_view", False):
+            if getattr(t, "_grad_view", False) or getattr(t, "_part_copy", None):
                 check_write(func.overloadpacket.__name__, t)
             targets.append(t._vals)
     out = _run(func, args, kwargs)
@@ -302,7 +302,15 @@ def check_write(name: str, t: SparseTensor) -> None:
     whose values are another tensor's that requires grad (a view: ``x.t()``, ``x.reshape(...)``,
     ``x.with_values(v)``) would change that tensor unrecorded -- refused while grad mode is on, as
     torch refuses writes through a leaf's views (and scorch cannot rebase a base's history).  The
-    aten writes check here; writes made above them (``out=``, ``apply_``) call it themselves."""
+    aten writes check here; writes made above them (``out=``, ``apply_``) call it themselves.
+    ``x.real`` / ``x.imag`` of a complex SparseTensor are copies (its values are contiguous, their
+    parts are not): a write into one, which torch's view would pass on to ``x``, is refused."""
+    part = getattr(t, "_part_copy", None)
+    if part:
+        raise NotSupportedError(
+            f"{name}: x.{part} of a complex SparseTensor is a copy, not a view (its values would be every other "
+            "float of x's): this in-place write would not reach x; write through torch.view_as_real(x), whose "
+            "values() alternate x's real and imaginary parts in x's memory, or compute out of place")
     if getattr(t, "_grad_view", False) and torch.is_grad_enabled():
         with torch._C.DisableTorchFunctionSubclass():
             tracked = t.requires_grad

@@ -603,6 +603,9 @@ class SparseTensor(torch.Tensor):
         update): :meth:`_restore`.  A view of another format (``x.t()``) keeps the old entries."""
         from .interop import as_sparse
         from .ops._pattern import project, same_pattern
+        if getattr(self, "_part_copy", None):   # x.real / x.imag: a copy, the write would be lost
+            from ._dispatch import check_write
+            check_write("copy_", self)
         if not isinstance(src, torch.Tensor):   # a number: every position takes it (stored when not 0)
             src = torch.as_tensor(src, dtype=self.dtype).expand(self.shape)
         if torch.is_grad_enabled():

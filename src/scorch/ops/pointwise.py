@@ -666,17 +666,24 @@ for _op in (torch.ops.aten.uniform_.default, torch.ops.aten.normal_.default, tor
 # ------------------------------------------------------------------ complex parts of the values
 
 def _part(x: SparseTensor, part: str) -> SparseTensor:
-    """The pattern holding the ``part`` ("real" / "imag") of the stored values."""
+    """The pattern holding the ``part`` ("real" / "imag") of the stored values: a copy (the
+    kernels read contiguous values, and every other float of a complex array is not), marked so
+    that an in-place write into it -- which torch's view would pass on to ``x`` -- raises instead
+    of being lost (:func:`scorch._dispatch.check_write`)."""
     if x._needs_grad():
-        return x.with_values(getattr(x.values(), part))
-    return x._like(values=getattr(x._vals, part), nnz=x._stored)
+        out = x.with_values(getattr(x.values(), part))
+    else:
+        out = x._like(values=getattr(x._vals, part), nnz=x._stored)
+    out._part_copy = part
+    return out
 
 
 @implements(torch.real, torch.Tensor.real.__get__)
 def real(x):
     """``x.real``: the pattern holding the real parts of the stored values (a copy: the kernels read
-    contiguous values, so writes into it do not reach ``x`` as they do through torch's view); a
-    real tensor itself.  Differentiable.  (It ran densely.)"""
+    contiguous values; an in-place write into it raises, as it would not reach ``x`` as it does
+    through torch's view -- ``torch.view_as_real(x)`` is the view to write through); a real tensor
+    itself.  Differentiable.  (It ran densely.)"""
     if not x.dtype.is_complex:
         return x
     return _part(x, "real")
@@ -688,3 +695,48 @@ def imag(x):
     if not x.dtype.is_complex:
         raise RuntimeError("imag is not implemented for tensors with non-complex dtypes.")
     return _part(x, "imag")
+
+
+def _with_pair_level(x: SparseTensor) -> Format:
+    """``x``'s format storing one more, last dim in a trailing dense level: each stored value's
+    (real, imaginary) pair, contiguous in the values array as ``torch.view_as_real`` lays it out."""
+    fmt = x._format
+    if fmt.block:   # the new dim's in-block level would sit between the block levels
+        raise NotSupportedError(f"view_as_real: a SparseTensor in a blocked format ({fmt}) is not supported; "
+                                "convert it first (x.asformat('csr')) or use torch.view_as_real(x.to_dense())")
+    return Format(fmt.levels + (dense,), fmt.order + (len(fmt.levels),))
+
+
+@implements(torch.view_as_real)
+def view_as_real(x):
+    """``torch.view_as_real(x)`` of a complex SparseTensor: a view of shape ``x.shape + (2,)``
+    holding ``x``'s pattern and its values array seen as (real, imaginary) pairs (a trailing dense
+    level of size 2) -- writes into its values reach ``x``, as torch's optimizers need (they update
+    a complex parameter, its gradient and state through this view).  Differentiable; in grad mode
+    an in-place write through it is refused when ``x`` requires grad, as through ``x.t()``."""
+    if not x.dtype.is_complex:
+        raise ScorchValueError(f"view_as_real: only supported for complex tensors, got dtype {x.dtype}")
+    pattern = x._like(fmt=_with_pair_level(x), shape=x._shape + (2,),
+                      values=torch.view_as_real(x._vals.detach()).reshape(-1), nnz=2 * x._stored)
+    if x._needs_grad():
+        return pattern.with_values(torch.view_as_real(x.values()).reshape(-1))
+    return pattern
+
+
+@implements(torch.view_as_complex)
+def view_as_complex(x):
+    """``torch.view_as_complex(x)`` of a SparseTensor whose last dim (of size 2) is stored by a
+    trailing dense level, as :func:`view_as_real` gives: the complex view, sharing the values array."""
+    fmt, n = x._format, len(x._shape)
+    if x.dtype not in (torch.float16, torch.float32, torch.float64):
+        raise ScorchValueError(f"view_as_complex: expected a float16, float32 or float64 tensor, got {x.dtype}")
+    if n < 2 or x._shape[-1] != 2 or fmt.block or fmt.levels[-1] != dense or fmt.order[-1] != n - 1:
+        raise NotSupportedError(
+            f"view_as_complex: needs the last dim, of size 2, stored by a trailing dense level (as "
+            f"torch.view_as_real of a complex SparseTensor gives), got shape {tuple(x._shape)} in format {fmt}; "
+            "use torch.view_as_complex(x.to_dense())")
+    pattern = x._like(fmt=Format(fmt.levels[:-1], fmt.order[:-1]), shape=x._shape[:-1],
+                      values=torch.view_as_complex(x._vals.detach().view(-1, 2)), nnz=x._stored // 2)
+    if x._needs_grad():
+        return pattern.with_values(torch.view_as_complex(x.values().view(-1, 2)))
+    return pattern
