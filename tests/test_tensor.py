@@ -476,6 +476,45 @@ def test_like_constructors(x):
         assert isinstance(z, scorch.SparseTensor) and z.nnz == A.nnz and not z.to_dense().any()
 
 
+def test_like_constructors_keep_the_dense_size_limit(monkeypatch):
+    """ones_like / full_like / rand_like / randn_like of a hypersparse tensor make its dense shape:
+    refused over dense_fallback_max_bytes, as ``A + 1`` is (they allocated it unchecked: 3.6 GB for
+    a 30000 x 30000 DCSR of 2 entries); under the limit they run.  Oracle: dense torch."""
+    x = torch.zeros(40, 50)
+    x[3, 7], x[39, 0] = 1.5, -2.0
+    A = scorch.as_sparse(x, "dcsr")
+    makers = {"ones_like": torch.ones_like, "full_like": lambda t: torch.full_like(t, 3.0),
+              "rand_like": torch.rand_like, "randn_like": torch.randn_like}
+    monkeypatch.setattr(scorch.config, "dense_fallback_max_bytes", x.numel() * x.element_size() - 1)
+    for name, make in makers.items():
+        with pytest.raises(scorch.errors.NotSupportedError, match=f"{name}.*dense_fallback_max_bytes"):
+            make(A)
+    monkeypatch.setattr(scorch.config, "dense_fallback_max_bytes", x.numel() * x.element_size())
+    assert torch.equal(torch.full_like(A, 3.0), torch.full_like(x, 3.0))
+    assert torch.randn_like(A).shape == x.shape
+
+
+@pytest.mark.parametrize("name", ["empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like"])
+def test_like_constructors_refuse_another_device(x, name):
+    """``device=`` was dropped (a CPU result for device="meta"): SparseTensors live on the CPU, so
+    another device raises naming it; "cpu" / torch.device("cpu") work.  Oracle: dense torch."""
+    A = scorch.as_sparse(x, "csr")
+    make = (lambda t, **kw: torch.full_like(t, 2.0, **kw)) if name == "full_like" else getattr(torch, name)
+    with pytest.raises(scorch.errors.NotSupportedError, match=f"{name}: device=meta"):
+        make(A, device="meta")
+    with pytest.raises(scorch.errors.NotSupportedError, match=f"{name}: device=meta"):
+        make(A, device=torch.device("meta"))
+    for dev in ("cpu", torch.device("cpu")):
+        got, want = make(A, device=dev), make(x, device=dev)
+        assert got.device == want.device and got.shape == want.shape and got.dtype == want.dtype
+        if name in ("zeros_like", "ones_like", "full_like"):
+            assert torch.equal(got.to_dense() if isinstance(got, SparseTensor) else got, want)
+    for method, args in (("new_zeros", ((2, 3),)), ("new_empty", ((2, 3),)), ("new_ones", ((2, 3),)),
+                         ("new_full", ((2, 3), 1.0))):
+        with pytest.raises(scorch.errors.NotSupportedError, match=f"{method}: device=meta"):
+            getattr(A, method)(*args, device="meta")
+
+
 @pytest.mark.parametrize("cast", ["bool", "int", "long", "short", "byte", "char", "half", "double"])
 def test_dtype_casts_and_integer_sums(x, cast):
     """A.int() and friends went through to(copy=True), which torch's argument parser refused;

@@ -365,13 +365,27 @@ def _into_dense(func, args, kwargs):
 
 # ------------------------------------------------------------------ non-pointwise ops the optimizers and autograd use
 
+def _on_cpu_only(name: str, device) -> None:
+    """A ``device=`` given to a ``*_like`` / ``new_*`` of a SparseTensor: SparseTensors and the
+    results made beside them live on the CPU (scorch's kernels run there), so another device is
+    refused rather than ignored (the result came back on the CPU)."""
+    if device is not None and torch.device(device).type != "cpu":
+        raise NotSupportedError(f"{name}: device={device} is not supported for a SparseTensor, which lives on the "
+                                f"CPU (scorch's kernels run there); omit device= or pass 'cpu', or call {name} on "
+                                "x.to_dense() moved to that device")
+
+
 def _dense_of_shape(make):
     """``ones_like`` and kin: the same value everywhere, or random numbers -- a dense tensor of
-    ``x``'s shape by definition (zeros_like keeps the pattern instead)."""
+    ``x``'s shape by definition (zeros_like keeps the pattern instead), within
+    ``config.dense_fallback_max_bytes`` as every densifying op (a hypersparse ``x`` has a huge shape)."""
     def like(x, *args, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, **kwargs):
+        name = f"{make.__name__}_like"
         if layout not in (None, torch.strided):   # torch cannot make these of a sparse layout either
-            raise ScorchValueError(f"{make.__name__}_like: layout={layout} is not supported for these values "
+            raise ScorchValueError(f"{name}: layout={layout} is not supported for these values "
                                    f"(they fill every position); expected None or torch.strided")
+        _on_cpu_only(name, device)
+        check_dense_size(f"{name} gives a dense result, and", [x])
         return make(x.shape, *args, dtype=x.dtype if dtype is None else dtype, **kwargs)
     return like
 
@@ -385,6 +399,7 @@ for _op, _make in ((torch.ops.aten.ones_like.default, torch.ones), (torch.ops.at
 def _zeros_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     """Zeros in the same pattern: the same dense value as torch's, and it stays sparse; with a
     ``layout=`` of torch's (``torch.strided``, ``torch.sparse_coo``...), torch's zeros of it."""
+    _on_cpu_only("zeros_like", device)
     if layout is not None:
         return torch.zeros(x.shape, dtype=x.dtype if dtype is None else dtype, layout=layout)
     return x._like(values=torch.zeros_like(x._vals, dtype=dtype), nnz=x._stored)
@@ -394,18 +409,20 @@ def _zeros_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory
 def _new_zeros(x, size, dtype=None, layout=None, device=None, pin_memory=None):
     """``x.new_zeros(size)``: nothing stored, in ``x``'s format adapted to ``size`` (as a sparse
     torch tensor's ``new_zeros`` stays sparse)."""
+    _on_cpu_only("new_zeros", device)
     from .shape import rebuild
     return rebuild(x._format, tuple(size), torch.zeros((len(size), 0), dtype=torch.int64),
                    torch.zeros(0, dtype=x.dtype if dtype is None else dtype), x.index_dtype)
 
 
-def _unset(make):
+def _unset(make, name: str):
     """``empty_like`` / ``new_empty``: ``make``'s zeros (in the pattern / nothing stored), marked
     *unset* -- every entry is the writer's, the absent ones too.  So the fill that such a tensor
     usually gets next (``empty_like(y).fill_(s).sub_(y)`` is how torch's C++ computes ``s - y``
     inside composite ops, e.g. ``hinge_embedding_loss``) gives ``s`` everywhere, not only at the
     stored positions as a fill of a pattern does (an optimizer's or ``nn.init``'s)."""
     def empty(*args, **kwargs):
+        _on_cpu_only(name, kwargs.get("device"))   # (keyword-only in both ops' schemas)
         out = make(*args, **kwargs)
         if type(out) is SparseTensor:   # (layout=torch.strided gave torch's own tensor)
             out._unset = True
@@ -413,17 +430,19 @@ def _unset(make):
     return empty
 
 
-implements_aten(torch.ops.aten.empty_like.default)(_unset(_zeros_like))
-implements_aten(torch.ops.aten.new_empty.default)(_unset(_new_zeros))
+implements_aten(torch.ops.aten.empty_like.default)(_unset(_zeros_like, "empty_like"))
+implements_aten(torch.ops.aten.new_empty.default)(_unset(_new_zeros, "new_empty"))
 
 
 @implements_aten(torch.ops.aten.new_ones.default)
 def _new_ones(x, size, dtype=None, layout=None, device=None, pin_memory=None):
+    _on_cpu_only("new_ones", device)
     return torch.ones(tuple(size), dtype=x.dtype if dtype is None else dtype)
 
 
 @implements_aten(torch.ops.aten.new_full.default)
 def _new_full(x, size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
+    _on_cpu_only("new_full", device)
     return torch.full(tuple(size), fill_value, dtype=x.dtype if dtype is None else dtype)
 
 
