@@ -515,6 +515,51 @@ def test_like_constructors_refuse_another_device(x, name):
             getattr(A, method)(*args, device="meta")
 
 
+ADDC_GROWING = {   # in-place ops whose dense operand makes absent entries nonzero, another operand of A's pattern
+    "addcdiv_(B, zeros)": lambda a, b, d: a.addcdiv_(b, d * 0),
+    "addcmul_(B, inf)": lambda a, b, d: a.addcmul_(b, d * float("inf")),
+    "addcdiv_(ones, B)": lambda a, b, d: a.addcdiv_(d, b),
+    "addcmul_(ones, B) + add_(ones)": lambda a, b, d: a.addcmul_(d, b).add_(d),
+    "lerp_(ones, B)": lambda a, b, d: a.lerp_(d, b),
+}
+
+
+@pytest.mark.parametrize("name", ADDC_GROWING)
+@pytest.mark.parametrize("fmt", ["csr", "coo"])
+def test_in_place_growth_reads_operands_of_the_old_pattern(x, name, fmt):
+    """``A.addcdiv_(B, zeros)`` with ``B`` of ``A``'s pattern: the entries the op makes nonzero
+    join ``A``, and ``B`` -- still of the old pattern -- is read at them as 0 (it was passed as
+    its old values array: a size-mismatch RuntimeError).  Oracle: dense torch (inf / NaN too)."""
+    A = scorch.as_sparse(x, fmt)
+    B = A.clone()
+    d = torch.ones_like(x)
+    dense = x + 0.0   # (the fixture's absent entries include -0.0, whose 1 / 0 is -inf: absent is +0)
+    got, want = ADDC_GROWING[name](A, B, d), ADDC_GROWING[name](dense.clone(), dense.clone(), d.clone())
+    assert got is A and torch.allclose(A.to_dense(), want, equal_nan=True)
+
+
+@pytest.mark.parametrize("optim", ["RMSprop", "NAdam"])
+@pytest.mark.parametrize("foreach", [False, True])
+def test_optimizers_with_a_dense_gradient_of_a_sparse_parameter(x, optim, foreach):
+    """A sparse parameter whose gradient arrives dense (a hook's ``g.to_dense()``): RMSprop's and
+    NAdam's ``param.addcdiv_(grad, denom)`` raised (the denominator, of the parameter's pattern,
+    read with its old length); the absent 0 / 0 leaves the entry absent, as ``A.div_(B)`` does --
+    the masked dense model (the oracle) keeps 0 there."""
+    X = torch.randn(8, 3, generator=torch.Generator().manual_seed(1))
+    mask = x != 0
+    p = torch.nn.Parameter(scorch.as_sparse(x.clone(), "csr"))
+    p.register_hook(lambda g: g.to_dense())
+    q = torch.nn.Parameter(x.clone())
+    q.register_hook(lambda g: g * mask)
+    opts = [getattr(torch.optim, optim)([t], lr=0.1, foreach=foreach) for t in (p, q)]
+    for _ in range(3):
+        for t, opt in zip((p, q), opts):
+            opt.zero_grad()
+            (t @ X).square().sum().backward()
+            opt.step()
+    assert torch.allclose(p.detach().to_dense(), q.detach(), atol=1e-6)
+
+
 @pytest.mark.parametrize("cast", ["bool", "int", "long", "short", "byte", "char", "half", "double"])
 def test_dtype_casts_and_integer_sums(x, cast):
     """A.int() and friends went through to(copy=True), which torch's argument parser refused;

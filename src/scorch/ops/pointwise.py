@@ -305,8 +305,10 @@ def _in_place_with_dense(func, args, kwargs, x: SparseTensor):
         entries = stored(x)
 
     def at(a):
-        if isinstance(a, SparseTensor):
-            return a._vals
+        if isinstance(a, SparseTensor):   # x's pattern may have grown: another operand of its old pattern
+            if a is x or same_pattern(a, x):   # is read at the new entries too (0 there: 1 / 0 is inf, as dense)
+                return a._vals
+            return project(a._like(nnz=a._stored), x, entries)   # (the wrapper: untracked, below autograd)
         return project(a.expand(x.shape), x, entries) if isinstance(a, torch.Tensor) and not _is_scalar(a) else a
     func(*[at(a) for a in args], **{k: at(v) for k, v in kwargs.items()})
     _clear_padding(x, entries)
@@ -326,16 +328,23 @@ def _absent_nonzero(func, args, kwargs, x: SparseTensor, entries) -> torch.Tenso
     """The coordinates (``ndim x k``) of the entries ``x`` does not store where the out-of-place
     form of in-place ``func`` gives nonzero or NaN: evaluated with the sparse operands (all of
     ``x``'s pattern) as zeros against the dense ones -- as much work as the dense operands hold.
-    None when there is no out-of-place form to ask."""
+    A NaN that only the other sparse operands' absent zeros make (a 0 / 0: RMSprop's
+    ``param.addcdiv_(grad, avg)`` with a dense gradient, 0 where ``param`` stores nothing) leaves
+    the entry absent, as ``A.div_(B)`` leaves its absent 0 / 0 entries 0 -- found by a second
+    evaluation with those operands as ones.  None when there is no out-of-place form to ask."""
     packet = getattr(torch.ops.aten, func.overloadpacket.__name__[:-1], None)
     if packet is None:
         return None
     zargs, zkwargs = map_sparse(_zero_of, args, kwargs)
     try:   # the packet picks the overload (an in-place op's overload names need not match)
         z = packet(*zargs, **zkwargs)
+        nan = torch.isnan(z)
+        bad = (z != 0) | nan   # the dense operands' shape: broadcast, each counts that often
+        if bool(nan.any()) and any(isinstance(a, SparseTensor) and a is not x for a in leaves(args, kwargs)):
+            oargs, okwargs = map_sparse(lambda a: _zero_of(a) if a is x else _zero_of(a) + 1, args, kwargs)
+            bad &= ~(nan & (packet(*oargs, **okwargs) == 0))
     except (RuntimeError, TypeError):
         return None
-    bad = (z != 0) | torch.isnan(z)   # the dense operands' shape: broadcast, each counts that often
     total = int(bad.sum()) * (math.prod(x._shape) // max(bad.numel(), 1))
     if total == int(project(bad.expand(x.shape), x, entries).sum()):   # every such position stored
         return torch.zeros((len(x._shape), 0), dtype=torch.int64)
