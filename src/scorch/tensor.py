@@ -59,6 +59,9 @@ class SparseTensor(torch.Tensor):
     _pos: tuple
     _crd: tuple
     _vals: torch.Tensor
+    # flags most tensors leave unset, read on every in-place write (a class default: no __getattr__ call)
+    _grad_view = False   # values shared with a tensor that requires grad: writes refused in grad mode
+    _part_copy = None    # "real" / "imag": a copy of a complex tensor's parts, writes refused
 
     @staticmethod
     def __new__(cls, fmt: Format, shape, pos, crd, values, *, requires_grad: bool = False, nnz=None):
