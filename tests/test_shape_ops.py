@@ -139,16 +139,22 @@ def test_reshape_to_the_same_shape_shares_storage():
 def test_views_share_the_values_where_the_order_is_kept(fmt):
     """A reshape-family result keeps the values array when its storage holds the entries in the
     same order (row-major formats: view, flatten, unsqueeze): writes into its stored values reach
-    the original as a torch view's do; where the storage reorders them (CSC) or pads (ELL), a copy.
-    Oracle: the same writes on a dense tensor and its views."""
+    the original as a torch view's do; where the storage reorders them (CSC) or pads (ELL), a copy,
+    which refuses writes when torch's result is always a view (view, unsqueeze, squeeze: the write
+    was lost).  Oracle: the same writes on a dense tensor and its views."""
     x = sample((4, 6))
-    for make in (lambda t: t.view(6, 4), lambda t: t.view(size=(24,)), lambda t: t.flatten(),
-                 lambda t: t.unsqueeze(0), lambda t: t.unsqueeze(0).squeeze(0)):
+    for always_a_view, make in ((True, lambda t: t.view(6, 4)), (True, lambda t: t.view(size=(24,))),
+                                (False, lambda t: t.flatten()), (True, lambda t: t.unsqueeze(0)),
+                                (True, lambda t: t.unsqueeze(0).squeeze(0))):
         A, D = scorch.as_sparse(x, fmt), x.clone()
         V = make(A)
         check(V, make(D), A)
         shared = V.values().data_ptr() == A.values().data_ptr()
         assert shared or fmt not in ("coo", "csr")   # row-major storage keeps the order
+        if not shared and always_a_view:
+            with pytest.raises(NotSupportedError, match="is a copy, not a view"):
+                V.mul_(3)
+            continue
         V.mul_(3)
         make(D).mul_(3)
         assert torch.equal(A.to_dense(), D if shared else x)
@@ -1109,3 +1115,39 @@ def test_scatters_and_index_add_on_a_sparse_self_and_sparse_masks_as_keys(monkey
     y = x.clone()
     y[y < 0] = 7.0
     check(A, y)
+
+
+@pytest.mark.parametrize("fmt", ["csf", "coo"])
+def test_init_through_a_view_of_another_shape_reaches_the_weight(fmt, monkeypatch):
+    # nn.init.orthogonal_ fills a conv weight through w.view_as(q).copy_(q): the write gave the
+    # view new storage and left the weight as it was
+    monkeypatch.setattr(scorch.config, "dense_fallback", "silent")   # (its QR runs densely)
+    torch.manual_seed(0)
+    W = torch.randn(4, 3, 3, 3) * (torch.rand(4, 3, 3, 3) < 0.5)
+    A, D = scorch.as_sparse(W.clone(), fmt), W.clone()
+    torch.manual_seed(1)
+    torch.nn.init.orthogonal_(A)
+    torch.manual_seed(1)
+    torch.nn.init.orthogonal_(D)
+    torch.testing.assert_close(A.to_dense(), D)
+    B = scorch.as_sparse(W.clone(), fmt)
+    B.view(4, 27).copy_(torch.ones(4, 27))
+    assert torch.equal(B.to_dense(), torch.ones(4, 3, 3, 3))
+
+
+def test_writes_into_a_view_that_is_a_copy_are_refused():
+    # a CSC matrix's entries are column-major: its 1-d view is a copy, and a write into it was lost
+    M = torch.tensor([[1., 0, 2], [0, 3, 0]])
+    B = scorch.as_sparse(M, "csc")
+    V = B.view(-1)
+    torch.testing.assert_close(V.to_dense(), M.view(-1))   # reading it is fine
+    for write in (lambda v: v.mul_(2), lambda v: v.__setitem__(0, 5.), lambda v: v.copy_(torch.ones(6))):
+        with pytest.raises(scorch.NotSupportedError, match="is a copy, not a view"):
+            write(V)
+    assert torch.equal(B.to_dense(), M)
+    R = scorch.as_sparse(M, "csr").view(-1)   # row-major storage: a view, whose writes reach the tensor
+    R.mul_(2)
+    C = scorch.as_sparse(torch.tensor([[1 + 1j, 0], [0, 2 - 1j]]), "csr")
+    for write in (lambda r: r.__setitem__((0, 0), 5.), lambda r: r.index_put_((torch.tensor([0]),) * 2, torch.tensor(7.))):
+        with pytest.raises(scorch.NotSupportedError, match="is a copy, not a view"):
+            write(C.real)

@@ -263,7 +263,7 @@ def torch_dispatch(func, types, args, kwargs):
     for k, name in written:
         t = args[k] if k < len(args) else kwargs.get(name)
         if type(t) is SparseTensor:
-            if getattr(t, "_grad_view", False) or getattr(t, "_part_copy", None):
+            if t._grad_view or t._copy_note:
                 check_write(func.overloadpacket.__name__, t)
             targets.append(t._vals)
     out = _run(func, args, kwargs)
@@ -303,14 +303,13 @@ def check_write(name: str, t: SparseTensor) -> None:
     ``x.with_values(v)``) would change that tensor unrecorded -- refused while grad mode is on, as
     torch refuses writes through a leaf's views (and scorch cannot rebase a base's history).  The
     aten writes check here; writes made above them (``out=``, ``apply_``) call it themselves.
-    ``x.real`` / ``x.imag`` of a complex SparseTensor are copies (its values are contiguous, their
-    parts are not): a write into one, which torch's view would pass on to ``x``, is refused."""
-    part = getattr(t, "_part_copy", None)
-    if part:
-        raise NotSupportedError(
-            f"{name}: x.{part} of a complex SparseTensor is a copy, not a view (its values would be every other "
-            "float of x's): this in-place write would not reach x; write through torch.view_as_real(x), whose "
-            "values() alternate x's real and imaginary parts in x's memory, or compute out of place")
+    A result torch makes a view of but scorch a copy (``x.real`` / ``x.imag`` of a complex
+    SparseTensor: its values are contiguous, their parts are not; ``x.view(...)`` reordering the
+    entries) carries ``_copy_note``: a write into it, which torch's view would pass on to ``x``,
+    is refused."""
+    if t._copy_note:
+        raise NotSupportedError(f"{name}: {t._copy_note}: this in-place write would not reach x; compute out of "
+                                "place")
     if getattr(t, "_grad_view", False) and torch.is_grad_enabled():
         with torch._C.DisableTorchFunctionSubclass():
             tracked = t.requires_grad

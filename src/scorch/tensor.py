@@ -61,7 +61,8 @@ class SparseTensor(torch.Tensor):
     _vals: torch.Tensor
     # flags most tensors leave unset, read on every in-place write (a class default: no __getattr__ call)
     _grad_view = False   # values shared with a tensor that requires grad: writes refused in grad mode
-    _part_copy = None    # "real" / "imag": a copy of a complex tensor's parts, writes refused
+    _source_reshaped = False   # the tensor it aliases (_source) has another shape (a view of it)
+    _copy_note = None    # "x.real of ... is a copy, not a view (...)": writes into it refused (check_write)
 
     @staticmethod
     def __new__(cls, fmt: Format, shape, pos, crd, values, *, requires_grad: bool = False, nnz=None):
@@ -141,27 +142,34 @@ class SparseTensor(torch.Tensor):
         still on the storage this one had -- as a dense tensor's base sees a write into its storage.
         (Only that way: an alias is not told of a write into its source.)"""
         fmt, shape, before, src = self._format, self._shape, self._vals, getattr(self, "_source", None)
+        reshaped = self._source_reshaped
         self._become(other)
         torch.autograd.graph.increment_version(before)   # (values saved for a backward are stale now)
         while src is not None:
-            if src._format != fmt or src._shape != shape or src._vals.data_ptr() != before.data_ptr() \
-                    or src._vals.numel() != before.numel():
+            if (not reshaped and (src._format != fmt or src._shape != shape)) \
+                    or src._vals.data_ptr() != before.data_ptr() or src._vals.numel() != before.numel():
                 self._source = None   # it went its own way: no longer an alias (nor kept alive by one)
                 return
+            if reshaped:   # a view of another shape on the source's values: the new entries in its shape
+                from .ops.shape import reshape
+                other = reshape(other, src._shape).asformat(src._format, index_dtype=src.index_dtype)
             fmt, shape, before, nxt = src._format, src._shape, src._vals, getattr(src, "_source", None)
+            reshaped = src._source_reshaped
             src._become(other._like(values=other._vals.to(src._vals.dtype), nnz=other._stored))
             torch.autograd.graph.increment_version(src)
             src = nxt
 
-    def _alias_of(self, source: "SparseTensor") -> "SparseTensor":
+    def _alias_of(self, source: "SparseTensor", reshaped: bool = False) -> "SparseTensor":
         """Record that this tensor shares ``source``'s storage when ``source`` is a leaf (a
         parameter's ``p.data``): a strong reference, as a view's to its base -- not to a result,
         whose autograd graph it would keep alive (``h = h.detach()`` in a loop) -- and no weak
-        reference on ``source``, which ``torch.utils.swap_tensors`` refuses."""
+        reference on ``source``, which ``torch.utils.swap_tensors`` refuses.  ``reshaped``: this
+        tensor is a view of another shape on ``source``'s values (``w.view_as(q)``), which a write
+        changing its pattern reaches reshaped back (:meth:`_restore`)."""
         with torch._C.DisableTorchFunctionSubclass():
             leaf = source.grad_fn is None
         if leaf:
-            self._source = source
+            self._source, self._source_reshaped = source, reshaped
         return self
 
     def _count_nnz(self) -> int:
@@ -606,7 +614,7 @@ class SparseTensor(torch.Tensor):
         update): :meth:`_restore`.  A view of another format (``x.t()``) keeps the old entries."""
         from .interop import as_sparse
         from .ops._pattern import project, same_pattern
-        if getattr(self, "_part_copy", None):   # x.real / x.imag: a copy, the write would be lost
+        if self._copy_note:   # x.real / x.imag / a reordering x.view(...): a copy, the write would be lost
             from ._dispatch import check_write
             check_write("copy_", self)
         if not isinstance(src, torch.Tensor):   # a number: every position takes it (stored when not 0)

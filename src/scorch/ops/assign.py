@@ -19,7 +19,7 @@ import math
 import torch
 
 from .. import config
-from .._dispatch import broadcast_shapes, check_dense_size, implements
+from .._dispatch import broadcast_shapes, check_dense_size, check_write, implements
 from ..errors import NotSupportedError, ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
 from ._pattern import stored
@@ -39,6 +39,7 @@ def setitem(x, key, value):
     dense values."""
     if not isinstance(x, SparseTensor):
         return _dense_call(torch.Tensor.__setitem__, x, key, value)
+    check_write("setitem", x)
     if torch.is_grad_enabled() and (x.requires_grad or (isinstance(value, torch.Tensor) and value.requires_grad)):
         raise NotSupportedError("setitem: writing into a SparseTensor that requires grad, or a value that does, is "
                                 "not recorded by autograd; assign under torch.no_grad() (a parameter update), or "
@@ -300,7 +301,9 @@ def _basic_items(key, ndim: int):
 
 def refuse_grad(op: str, x: SparseTensor, *values) -> None:
     """An in-place write into ``x`` is not recorded by autograd: refused in grad mode when ``x`` or a
-    written tensor requires grad (as :func:`setitem` refuses it)."""
+    written tensor requires grad (as :func:`setitem` refuses it); and into a copy that torch would
+    make a view (``x.real``: :func:`~scorch._dispatch.check_write`)."""
+    check_write(op, x)
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (x, *values)):
         raise NotSupportedError(f"{op}: writing into a SparseTensor that requires grad, or a value that does, is "
                                 "not recorded by autograd; write under torch.no_grad() (a parameter update), or "

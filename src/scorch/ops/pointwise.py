@@ -702,7 +702,9 @@ def _part(x: SparseTensor, part: str) -> SparseTensor:
         out = x.with_values(getattr(x.values(), part))
     else:
         out = x._like(values=getattr(x._vals, part), nnz=x._stored)
-    out._part_copy = part
+    out._copy_note = (f"x.{part} of a complex SparseTensor is a copy, not a view (its values would be every other "
+                      "float of x's); write through torch.view_as_real(x), whose values() alternate x's real and "
+                      "imaginary parts in x's memory")
     return out
 
 

@@ -126,7 +126,8 @@ def _view_like(x: SparseTensor, shape, coords, ids):
         return _rebuild_like(x, shape, coords, ids)
     pattern = rebuild(x._format, shape, coords, ids + 1, x.index_dtype)   # each entry's position + 1
     if pattern._vals.numel() == n and bool((pattern._vals == torch.arange(1, n + 1)).all()):
-        return x._on_values_of(pattern)
+        out = x._on_values_of(pattern)   # (a write adding entries to it reaches a leaf x too)
+        return out._alias_of(x, reshaped=True) if out._vals.data_ptr() == x._vals.data_ptr() else out
     return take_positions(pattern, x.values())
 
 
@@ -264,13 +265,26 @@ def _reshape_method(self, *shape, **kwargs):
 
 @implements(torch.Tensor.view)
 def view(self, *shape, size=None, dtype=None):
-    """``x.view(shape)``: like reshape, and a copy (see the module docstring)."""
+    """``x.view(shape)``: as reshape, on ``x``'s values where the new storage keeps their order
+    (see the module docstring); where it does not, a copy that refuses in-place writes (torch's
+    view would pass them on to ``x``: ``nn.init`` fills a weight through ``w.view_as(q).copy_(q)``)."""
     shape = shape or ((size if size is not None else dtype),)
     if len(shape) == 1 and isinstance(shape[0], torch.dtype):
         raise NotSupportedError(
             f"view(dtype={shape[0]}): reinterpreting a SparseTensor's bits is not supported; "
             "use x.to(dtype) to convert the values, or x.to_dense().view(dtype)")
-    return _reshape(self, _sizes(shape, "view"), "view")
+    return _as_view(self, _reshape(self, _sizes(shape, "view"), "view"), "view")
+
+
+def _as_view(x: SparseTensor, out, op: str):
+    """``out``, a result torch makes a view of ``x`` (view, unsqueeze, squeeze): marked, when it is a
+    copy (its storage orders or pads the entries otherwise), so that in-place writes into it raise
+    instead of being lost (:func:`scorch._dispatch.check_write`)."""
+    if isinstance(out, SparseTensor) and x._vals.numel() and out._vals.data_ptr() != x._vals.data_ptr():
+        out._copy_note = (f"x.{op}(...) of this {x._format.name or 'user-format'} SparseTensor is a copy, not a view "
+                          "(its storage orders the entries otherwise); reshape it, or convert x to a row-major "
+                          "format (coo, csr, csf) first")
+    return out
 
 
 @implements(torch.flatten, torch.Tensor.flatten)
@@ -303,7 +317,7 @@ def unsqueeze(input, dim):
     d = _dim(dim, input.dim() + 1, "unsqueeze")
     coords, ids = entries(input)
     coords = torch.cat([coords[:d], torch.zeros((1, ids.numel()), dtype=_I64), coords[d:]])
-    return _view_like(input, input._shape[:d] + (1,) + input._shape[d:], coords, ids)
+    return _as_view(input, _view_like(input, input._shape[:d] + (1,) + input._shape[d:], coords, ids), "unsqueeze")
 
 
 @implements(torch.squeeze, torch.Tensor.squeeze)
@@ -319,7 +333,7 @@ def squeeze(input, dim=None):
         return _alias(input)
     keep = [d for d in range(n) if d not in drop]
     coords, ids = entries(input)
-    return _view_like(input, tuple(input._shape[d] for d in keep), coords[keep], ids)
+    return _as_view(input, _view_like(input, tuple(input._shape[d] for d in keep), coords[keep], ids), "squeeze")
 
 
 # ================================================================ indexing
