@@ -5,8 +5,8 @@ calls and operators on a SparseTensor land here."""
 import torch as _torch
 
 # importing each module registers its ops in the dispatch table
-from . import (activations, assign, binary, composite, conv, gather, matrix, order, pointwise,  # noqa: F401
-               reduce, replicate, shape, statistics, unguarded)
+from . import (activations, assign, binary, composite, conv, gather, matrix, on_dense, order,  # noqa: F401
+               pointwise, reduce, replicate, shape, statistics, unguarded)
 from .._dispatch import autocast_lower_precision
 from .einsum import explain
 from .einsum import public_einsum as einsum
