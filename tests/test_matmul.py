@@ -365,3 +365,18 @@ def test_explain_of_a_permutation_says_what_einsum_returns(monkeypatch):
         assert isinstance(out, scorch.SparseTensor) and plan.backend == "permute (no kernel)"
         assert str(out.format) in plan.output_format
         assert torch.equal(out.to_dense(), A.to_dense().t())
+
+
+@pytest.mark.parametrize("fmt", ["coo", "csr"])
+@pytest.mark.parametrize("beta, alpha", [(1, 1), (3, 2), (0, 2), (2, 0), (0, 0), (True, False)])
+def test_addr_of_bools_takes_alpha_and_beta_as_bools(fmt, beta, alpha):
+    """For bool tensors torch reads alpha / beta as booleans (an or of and-ed terms) and returns
+    bool; multiplying by them made int64 and values like 3 and 2."""
+    g = torch.Generator().manual_seed(0)
+    x, u, w = (torch.rand(*s, generator=g) < 0.5 for s in ((4, 5), (4,), (5,)))
+    want = torch.addr(x, u, w, beta=beta, alpha=alpha)
+    sparse = lambda t, f="coo": scorch.as_sparse(t, f)  # noqa: E731
+    for args in ((sparse(x, fmt), u, w), (x, sparse(u), w), (x, u, sparse(w))):
+        got = dense(torch.addr(*args, beta=beta, alpha=alpha))
+        assert got.dtype == torch.bool
+        assert torch.equal(got, want)

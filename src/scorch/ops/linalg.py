@@ -173,16 +173,17 @@ def _scaled_sum(name, equation, input, a, b, beta, alpha):
     """``beta * input + alpha * einsum(equation, a, b)``, torch's addmm rules: ``input`` broadcasts
     to the product's shape; with ``beta == 0`` it is ignored (NaNs too), and so is the product with
     ``alpha == 0`` where torch's BLAS-backed forms ignore it (addmm, addmv, addbmm); integer
-    operands take the scalars as integers (torch casts them: ``beta=0.5`` is 0); a dense ``input``
-    with both factors 1 starts the kernel's accumulators."""
+    operands take the scalars as integers (torch casts them: ``beta=0.5`` is 0), and bool ones as
+    bools (``beta=3`` is True: an or of the and-ed terms, a bool result, where multiplying by 3
+    promoted it to int64); a dense ``input`` with both factors 1 starts the kernel's accumulators."""
     common = torch.promote_types(torch.promote_types(a.dtype, b.dtype), input.dtype)
     if not (common.is_floating_point or common.is_complex):
         if name == "addr" and any(isinstance(s, float) for s in (alpha, beta)):
             raise ScorchTypeError("addr: for integral input tensors, alpha and beta must not be floating point "
                                   f"numbers (as torch's), got alpha={alpha!r}, beta={beta!r}")
-        alpha, beta = _as_integer(alpha), _as_integer(beta)
+        alpha, beta = (bool(alpha), bool(beta)) if common == torch.bool else (_as_integer(alpha), _as_integer(beta))
     if beta == 1 and alpha == 1 and isinstance(input, torch.Tensor) and not is_sparse(input) \
-            and (is_sparse(a) or is_sparse(b)):
+            and (is_sparse(a) or is_sparse(b)) and common != torch.bool:   # (bool: its kernel gave int64)
         return einsum_add(equation, (a, b), (input,))  # input starts the accumulators
     prod = einsum(equation, a, b) if (is_sparse(a) or is_sparse(b)) else torch.einsum(equation, a, b)
     if broadcast_shapes(input.shape, prod.shape) != tuple(prod.shape):
