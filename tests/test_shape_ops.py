@@ -875,6 +875,26 @@ def test_pad_with_zeros_stays_sparse(pad, shape):
     assert_dense_equal(out, torch.nn.functional.pad(x, pad, value=1.5))
 
 
+@pytest.mark.parametrize("value", [1.0, 0, 0.0, -2])
+@pytest.mark.parametrize("pad", [(1, 2), (2, 0, 1, 1), (-1, 1)], ids=str)
+def test_constant_pad_nd_takes_its_value_positionally(pad, value):
+    """torch.constant_pad_nd(input, pad, value): the third argument is the fill value (it went
+    into F.pad's ``mode`` and raised a TypeError about 'mode'); a zero keeps the result sparse."""
+    x = sample((4, 5))
+    for fmt in ("coo", "csr"):
+        A = scorch.as_sparse(x, fmt)
+        want = torch.constant_pad_nd(x, pad, value)
+        got = torch.constant_pad_nd(A, pad, value)
+        if value == 0:
+            check(got, want, A)
+        else:
+            assert type(got) is torch.Tensor
+            assert_dense_equal(got, want)
+        keyword = torch.constant_pad_nd(A, pad, value=value)
+        assert_dense_equal(keyword.to_dense() if isinstance(keyword, SparseTensor) else keyword, want)
+        check(torch.constant_pad_nd(A, pad=pad), torch.constant_pad_nd(x, pad), A)   # value=0 by default
+
+
 def test_pad_gradient_and_errors():
     x = sample((3, 4))
     A = scorch.as_sparse(x, "csr").requires_grad_()

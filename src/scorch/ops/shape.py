@@ -829,7 +829,7 @@ def roll(input, shifts, dims=None):
     return assemble(input._format, input.shape, coords, ids, input.values(), input.index_dtype)
 
 
-@implements(torch.nn.functional.pad, torch.constant_pad_nd)
+@implements(torch.nn.functional.pad)
 def pad(input, pad, mode="constant", value=None):
     """Constant padding with 0 (``F.pad``'s default): the stored entries move by the leading
     pads and the shape grows; a negative pad crops.  Sparse, same format, differentiable.  Another
@@ -855,6 +855,16 @@ def pad(input, pad, mode="constant", value=None):
     for d in range(n):   # a negative pad crops
         keep &= (coords[d] >= 0) & (coords[d] < shape[d])
     return assemble(input._format, shape, coords[:, keep], ids[keep], input.values(), input.index_dtype)
+
+
+_pad = pad
+
+
+@implements(torch.constant_pad_nd)
+def constant_pad_nd(input, pad, value=0):
+    """``torch.constant_pad_nd(input, pad, value=0)``: :func:`pad`'s constant mode.  Its own
+    signature, as the fill value comes third here (it landed in ``F.pad``'s ``mode``)."""
+    return _pad(input, pad, "constant", value)
 
 
 # ================================================================ unbind / split / chunk: views along a dim
