@@ -518,3 +518,18 @@ def test_division_of_an_ell_tensor_leaves_its_padding_alone():
     R = E / b
     assert not torch.isnan(R.values()).any()
     torch.testing.assert_close(R.to_dense(), x / b)
+
+
+@pytest.mark.parametrize("fmt", ["coo", "csr", "ell"])
+@pytest.mark.parametrize("method", ["__rtruediv__", "__rdiv__"])
+def test_reflected_division_by_a_tensor_is_true_division(fmt, method):
+    """``A.__rtruediv__(b)`` is ``b / A`` for a tensor ``b`` too: 0 / 0 at positions neither stores
+    is NaN, as torch's (a sparse ``b`` times ``A``'s dense reciprocal gave 0 there), and a
+    torch.sparse ``b`` works (it raised inside torch); a number ``b`` is as before."""
+    a, b = rnd(4, 5, seed=1), rnd(4, 5, seed=2)
+    A, B = scorch.as_sparse(a, fmt), scorch.as_sparse(b, fmt)
+    want = getattr(a, method)(b)
+    assert torch.isnan(want).any()
+    for other in (B, b, b.to_sparse()):
+        torch.testing.assert_close(dense(getattr(A, method)(other)), want, equal_nan=True)
+    torch.testing.assert_close(dense(getattr(A, method)(3.0)), getattr(a, method)(3.0))

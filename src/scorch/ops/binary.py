@@ -233,8 +233,13 @@ for _sym, _func, _names in (("+", torch.add, ("add",)), ("-", torch.sub, ("sub",
 
 @implements(torch.Tensor.__rtruediv__)
 def _rtruediv(a, b):
-    """``b / a`` for a number ``b``: torch's ``a.reciprocal() * b`` (a float16 ``a`` under 65520 / a:
-    the number is not rounded to ``a``'s dtype first; dense: 1 / 0 at the absent entries)."""
+    """``b / a`` (``a.__rtruediv__(b)``, ``__rdiv__``).  For a number ``b``: torch's ``a.reciprocal()
+    * b`` (a float16 ``a`` under 65520 / a: the number is not rounded to ``a``'s dtype first; dense:
+    1 / 0 at the absent entries).  For a tensor ``b`` -- sparse, torch.sparse or dense -- the true
+    division: a sparse ``b`` times the dense reciprocal keeps only ``b``'s pattern, which made the
+    absent 0 / 0 entries 0 instead of NaN."""
+    if isinstance(b, torch.Tensor):
+        return torch.div(b, a)
     return torch.reciprocal(a) * b
 
 
