@@ -284,3 +284,34 @@ def test_extremes_keep_infinite_values_outside_the_ties_out_of_the_result():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert A.amin(1).tolist() == x.amin(1).tolist() and A.amax().item() == INF
+
+
+# ------------------------------------------------------------------ nothing stored: still in the graph
+
+NOTHING_STORED = {
+    "linalg.norm": lambda t: torch.linalg.norm(t), "norm": lambda t: t.norm(), "norm p=3": lambda t: t.norm(p=3),
+    "norm keepdim": lambda t: torch.norm(t, dim=None, keepdim=True),
+    "vector_norm 1": lambda t: torch.linalg.vector_norm(t, 1),
+    "vector_norm inf": lambda t: torch.linalg.vector_norm(t, INF),
+    "vector_norm 2": lambda t: torch.linalg.vector_norm(t),
+    "vector_norm 0.5": lambda t: torch.linalg.vector_norm(t, 0.5),
+    "matrix_norm": lambda t: torch.linalg.matrix_norm(t), "matrix_norm nuc": lambda t: torch.linalg.matrix_norm(t, "nuc"),
+    "kthvalue": lambda t: t.kthvalue(1, 1).values,
+    "kthvalue dim 0": lambda t: torch.kthvalue(t, 2, 0, keepdim=True).values,
+}
+
+
+@pytest.mark.filterwarnings("ignore:scorch. _linalg_svd has no sparse implementation")
+@pytest.mark.parametrize("name", list(NOTHING_STORED))
+@pytest.mark.parametrize("fmt", ["coo", "csr", "ell"])
+def test_reductions_of_a_tensor_with_nothing_stored_stay_in_the_graph(name, fmt):
+    """A norm / kthvalue of an all-zero leaf that requires grad requires grad, and its gradient is
+    torch's at the (no) stored positions: zeros (a fresh zero for "nothing stored" left the graph:
+    a backward raised)."""
+    x = torch.zeros(3, 4, dtype=torch.float64)
+    A, d = leaf(x, fmt)
+    assert A.nnz == 0
+    got, want = NOTHING_STORED[name](A), NOTHING_STORED[name](d)
+    assert got.requires_grad and want.requires_grad
+    torch.testing.assert_close(got, want)
+    assert_same_grad(A, d, got, want)

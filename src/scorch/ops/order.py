@@ -93,11 +93,17 @@ def _kth(x: SparseTensor, d: int, ks: torch.Tensor, entries):
     at = start + torch.where(j < neg, j, j - zeros).clamp(min=0)
     at = torch.minimum(at, torch.clamp(start + counts - 1, min=0)).clamp(max=max(key.numel() - 1, 0))
     pick = order[at] if key.numel() else torch.zeros(fibres, dtype=_I64)
-    stored_val = vals[pick] if key.numel() else torch.zeros(fibres, dtype=vals.dtype)
+    stored_val = vals[pick] if key.numel() else _zeros_in_graph(vals, fibres)
     stored_at = along[pick] if key.numel() else torch.zeros(fibres, dtype=_I64)
     values = torch.where(is_zero, torch.zeros((), dtype=vals.dtype), stored_val)
     indices = torch.where(is_zero, _unstored(key, along, fibres, size, 1)[:, 0], stored_at)
     return values, indices
+
+
+def _zeros_in_graph(vals: torch.Tensor, n: int) -> torch.Tensor:
+    """``n`` zeros of ``vals``' dtype that stay in its graph (``vals`` empty: nothing stored), so the
+    result requires grad when the input does, as a dense tensor's (a fresh zeros did not)."""
+    return vals.sum(0, dtype=vals.dtype).expand(n)
 
 
 def _along(x: SparseTensor, d: int, keepdim: bool, *flat):

@@ -331,8 +331,9 @@ def _norm(x: SparseTensor, ord, dim, keepdim: bool, dtype, dense_norm):
     if dim is None:
         if x._stored != values.numel():   # (ELL's unused slots: whatever was written there is not an entry)
             values = values[stored(x)[1]]
-        out = torch.linalg.vector_norm(values, ord) if values.numel() \
-            else torch.zeros((), dtype=values.real.dtype)   # (a complex tensor's norm is real)
+        # nothing stored: a zero that stays in the values' graph, as a dense norm does (a fresh zero
+        # left it: a backward raised); abs: a complex tensor's norm is real
+        out = torch.linalg.vector_norm(values, ord) if values.numel() else values.abs().sum()
         return out.reshape((1,) * x.dim()) if keepdim else out
     dims = _dims(dim, x.dim(), "norm")
     size = x.with_values(values.abs())
