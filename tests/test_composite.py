@@ -207,3 +207,20 @@ def test_value_statistics_read_stored_entries_not_ell_padding():
     for got, want in zip(torch.unique(A, return_counts=True), torch.unique(dense_A, return_counts=True)):
         assert torch.equal(got, want)
     assert torch.equal(torch.histc(A, bins=5), torch.histc(dense_A, bins=5))
+
+
+@pytest.mark.parametrize("fmt", ["coo", "csr", "ell"])
+def test_diff_of_order_zero_is_a_differentiable_copy(fmt):
+    """torch.diff(x, n=0) is a copy of x, in the graph (torch's copies with copy_, which scorch
+    refuses from a source that requires grad: an error about a copy_ the caller never wrote)."""
+    A = scorch.as_sparse(X, fmt).requires_grad_()
+    Xg = X.clone().requires_grad_()
+    got, want = torch.diff(A, n=0, dim=0), torch.diff(Xg, n=0, dim=0)
+    assert isinstance(got, SparseTensor) and got.requires_grad
+    torch.testing.assert_close(dense(got), want)
+    weights = torch.linspace(-1, 1, X.numel(), dtype=torch.float64).view(X.shape)
+    (ga,), (gd,) = torch.autograd.grad((dense(got) * weights).sum(), A), torch.autograd.grad((want * weights).sum(), Xg)
+    torch.testing.assert_close(ga.to_dense(), gd * (X != 0))
+    torch.testing.assert_close(dense(A.diff(n=0)), X.diff(n=0))
+    with pytest.raises(RuntimeError, match="order must be non-negative"):   # torch's own check, as on dense
+        torch.diff(A, n=-1)
