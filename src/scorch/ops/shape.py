@@ -127,7 +127,9 @@ def _view_like(x: SparseTensor, shape, coords, ids):
     pattern = rebuild(x._format, shape, coords, ids + 1, x.index_dtype)   # each entry's position + 1
     if pattern._vals.numel() == n and bool((pattern._vals == torch.arange(1, n + 1)).all()):
         out = x._on_values_of(pattern)   # (a write adding entries to it reaches a leaf x too)
-        return out._alias_of(x, reshaped=True) if out._vals.data_ptr() == x._vals.data_ptr() else out
+        if isinstance(out, SparseTensor) and out._vals.data_ptr() == x._vals.data_ptr():
+            out._alias_of(x, reshaped=True)
+        return out
     return take_positions(pattern, x.values())
 
 
