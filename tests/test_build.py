@@ -376,3 +376,25 @@ def test_compiler_settings_parsed_or_named(env, monkeypatch):
     monkeypatch.setattr(build, "_COMPILE_TIMEOUT", 1)
     with pytest.raises(CompilerError, match="did not finish in 1 s"):
         build.compile_library(ADD, tag="hang")
+
+
+def test_odd_files_in_a_shared_cache_dir(env):
+    """A directory where a kernel's library goes (IsADirectoryError from os.replace) falls back to a
+    private dir; a FIFO there (the read blocked for ever) or a link to /dev/zero (read without end)
+    counts as absent."""
+    lib = build.compile_library(ADD, tag="odd")
+    (so,) = env.glob("odd-*.so")
+    build.clear_cache()
+    so.unlink()
+    so.mkdir()
+    with pytest.warns(RuntimeWarning, match="private temp dir"):
+        assert _add(build.compile_library(ADD, tag="odd"))(1, 1) == 2
+    so.rmdir()
+    for make in (lambda p: os.mkfifo(p), lambda p: os.symlink("/dev/zero", p)):
+        build.clear_cache()
+        make(so)
+        with pytest.raises(OSError, match="not a regular file"):
+            build._load(so)
+        assert _add(build.compile_library(ADD, tag="odd"))(2, 2) == 4   # rebuilt over it
+        so.unlink()
+    assert lib is not None

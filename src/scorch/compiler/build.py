@@ -42,6 +42,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -259,10 +260,16 @@ def _check_elf(path: Path, data: bytes) -> None:
         raise OSError(f"{path}: truncated ({len(data)} < {need} bytes)")
 
 
+_MAX_LIBRARY_BYTES = 1 << 28   # a kernel library is tens of KB
+
+
 def _load(path: Path, *, verify: bool = True) -> ctypes.CDLL:
     """Load a built library; ``verify``: a cached one, whose bytes must be what the build wrote
     (the SHA-256 in the ``.sum`` file beside it, written after the library): a file corrupted in
     place but still ELF-shaped would be run (a segfault) -- it and a missing sum read as absent."""
+    info = path.stat()   # (a shared cache dir: a FIFO there blocked the read, /dev/zero never ended it)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_LIBRARY_BYTES:
+        raise OSError(f"{path}: not a regular file of a kernel's size")
     data = path.read_bytes()
     _check_elf(path, data)
     if verify:
@@ -434,6 +441,13 @@ def compile_library(source: str, *, tag: str = "kernel") -> ctypes.CDLL:
                         warnings.warn(f"scorch: cache dir {directory} is not writable; compiling "
                                       "into a private temp dir", RuntimeWarning, stacklevel=2)
                     directory = _private()
-                lib = _build(source, directory, stem)
+                try:
+                    lib = _build(source, directory, stem)
+                except (IsADirectoryError, NotADirectoryError, PermissionError) as e:   # (a directory at the
+                    if _private_dir and directory == _private_dir[0]:                   # library's path)
+                        raise
+                    warnings.warn(f"scorch: cannot write {stem} into the cache dir {directory} ({e}); compiling "
+                                  "into a private temp dir", RuntimeWarning, stacklevel=2)
+                    lib = _build(source, _private(), stem)
         _memory[key] = lib
         return lib
