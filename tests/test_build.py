@@ -398,3 +398,17 @@ def test_odd_files_in_a_shared_cache_dir(env):
         assert _add(build.compile_library(ADD, tag="odd"))(2, 2) == 4   # rebuilt over it
         so.unlink()
     assert lib is not None
+
+
+def test_temp_libraries_of_killed_builds_are_removed(env):
+    lib = build.compile_library(ADD, tag="tmp")
+    (so,) = env.glob("tmp-*.so")
+    stem = so.name[:-3]
+    old, fresh = env / f".{stem}.abc123.so.tmp", env / f".{stem}.def456.so.tmp"
+    old.write_bytes(b"half a library")
+    fresh.write_bytes(b"another process's build in progress")
+    os.utime(old, (time.time() - 3 * build._COMPILE_TIMEOUT,) * 2)
+    so.unlink()
+    build.clear_cache()
+    assert _add(build.compile_library(ADD, tag="tmp"))(3, 4) == 7 and lib is not None
+    assert not old.exists() and fresh.exists()

@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -350,10 +351,23 @@ def _writable(directory: Path) -> bool:
 _COMPILE_TIMEOUT = 600   # seconds; a kernel compiles in 0.05-2
 
 
+def _remove_stale(directory: Path, stem: str) -> None:
+    """Remove this kernel's temp libraries left by builds killed mid-way (the linker outlives a killed
+    compiler driver) -- those older than any build takes: another process may be building it now."""
+    now = time.time()
+    for p in directory.glob(f".{stem}.*.so.tmp"):
+        try:
+            if now - p.stat().st_mtime > 2 * _COMPILE_TIMEOUT:
+                p.unlink()
+        except OSError:
+            pass
+
+
 def _build(source: str, directory: Path, stem: str) -> ctypes.CDLL:
     """Compile into ``directory`` (temp name, then os.replace) and load the result."""
     cc = _cc()
     c_path = write_atomic(directory, f"{stem}.c", source.encode())
+    _remove_stale(directory, stem)
     fd, tmp_so = tempfile.mkstemp(dir=directory, prefix=f".{stem}.", suffix=".so.tmp")
     os.close(fd)
     try:
