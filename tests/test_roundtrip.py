@@ -1218,3 +1218,22 @@ def test_sparse_mask_with_a_sparse_tensor_mask():
         torch.ones(3, 3).sparse_mask(M)
     with pytest.raises(TypeError, match="mask must be a sparse tensor"):
         scorch.as_sparse(x).sparse_mask(m)
+
+
+def test_underscore_values_pair_with_indices_for_padded_formats():
+    # ELL's values() holds its padding slots: _values() gave more values than _indices() coordinates
+    D = torch.tensor([[1., 0, 2], [0, 3, 0], [4, 0, 5], [0, 0, 0]])
+    for fmt in ("ell", "csr", "csc", "coo"):
+        A = scorch.as_sparse(D, fmt)
+        assert torch.equal(torch.sparse_coo_tensor(A._indices(), A._values(), D.shape).to_dense(), D)
+    A = scorch.as_sparse(D, "ell").requires_grad_()
+    A._values().sum().backward()
+    assert torch.equal(A.grad.to_dense(), (D != 0).float())
+
+
+def test_sparse_mask_of_a_torch_sparse_input():
+    x = torch.tensor([[1., 0, 2], [0, 3, 0]])
+    m = torch.tensor([[0., 5, 1], [1, 0, 0]])
+    for inp in (x.to_sparse(), x.to_sparse_csr()):
+        got = inp.sparse_mask(scorch.as_sparse(m, "coo"))
+        assert torch.equal(got.to_dense(), x.sparse_mask(m.to_sparse()).to_dense())

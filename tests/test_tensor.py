@@ -705,3 +705,18 @@ def test_underscore_values_is_torch_coo_method():
     A = scorch.as_sparse(dense, format="coo")
     assert torch.equal(A._values(), dense.to_sparse()._values())
     assert torch.equal(A._indices(), dense.to_sparse()._indices())
+
+
+def test_new_empty_strided_is_unset_as_empty_like():
+    # autograd's layout contract made new_empty_strided keep the pattern: a fill then wrote only
+    # the stored positions (torch: everywhere)
+    D = torch.tensor([[1., 0, 2], [0, 3, 0], [4, 0, 5]])
+    A = scorch.as_sparse(D, "csr")
+    e = A.new_empty_strided((3, 3), (3, 1)).fill_(7.)
+    assert torch.equal(e.to_dense(), D.new_empty_strided((3, 3), (3, 1)).fill_(7.))
+
+
+def test_filling_every_position_of_a_huge_empty_like_is_refused(monkeypatch):
+    H = scorch.from_coo([[0, 59999], [1, 2]], [1., 2.], (60000, 60000), format="dcsr")
+    with pytest.raises(scorch.NotSupportedError, match="dense_fallback_max_bytes"):
+        torch.empty_like(H).fill_(1.)

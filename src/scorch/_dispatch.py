@@ -542,7 +542,8 @@ implements(torch.permute, torch.Tensor.permute)(SparseTensor.permute)
 implements(torch.Tensor.detach)(SparseTensor.detach)
 implements(torch.Tensor.to)(SparseTensor.to)
 implements(torch.Tensor.to_dense)(SparseTensor.to_dense)
-implements(torch.Tensor.values, torch.Tensor._values)(SparseTensor.values)
+implements(torch.Tensor.values)(SparseTensor.values)
+implements(torch.Tensor._values)(SparseTensor._coo_values)
 implements(torch.Tensor.coalesce)(SparseTensor.coalesce)
 implements(torch.Tensor.indices, torch.Tensor._indices)(SparseTensor.indices)
 for _name in ("tolist", "_nnz", "sparse_dim", "dense_dim", "crow_indices", "col_indices", "ccol_indices", "row_indices",
@@ -666,7 +667,9 @@ def _aten_new_empty_strided(x, size, stride, **kwargs):
     dtype, device = kwargs.get("dtype"), kwargs.get("device")
     if (isinstance(x, SparseTensor) and tuple(size) == x._shape and dtype in (None, x.dtype)
             and (device is None or torch.device(device).type == "cpu") and kwargs.get("layout") in (None, torch.strided)):
-        return x._like(values=torch.zeros_like(x._vals), nnz=x._stored)
+        out = x._like(values=torch.zeros_like(x._vals), nnz=x._stored)
+        out._unset = True   # as empty_like's: a fill writes every position (ops.pointwise._unset)
+        return out
     return dense_fallback(torch.ops.aten.new_empty_strided.default, (x, size, stride), kwargs)
 
 

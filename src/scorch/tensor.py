@@ -61,7 +61,7 @@ class SparseTensor(torch.Tensor):
     _vals: torch.Tensor
     # flags most tensors leave unset, read on every in-place write (a class default: no __getattr__ call)
     _grad_view = False   # values shared with a tensor that requires grad: writes refused in grad mode
-    _source_reshaped = False   # the tensor it aliases (_source) has another shape (a view of it)
+    _source_back = None   # (new storage, _source) -> the source's: a view of another shape / dtype
     _copy_note = None    # "x.real of ... is a copy, not a view (...)": writes into it refused (check_write)
 
     @staticmethod
@@ -142,34 +142,35 @@ class SparseTensor(torch.Tensor):
         still on the storage this one had -- as a dense tensor's base sees a write into its storage.
         (Only that way: an alias is not told of a write into its source.)"""
         fmt, shape, before, src = self._format, self._shape, self._vals, getattr(self, "_source", None)
-        reshaped = self._source_reshaped
+        back = self._source_back
         self._become(other)
         torch.autograd.graph.increment_version(before)   # (values saved for a backward are stale now)
         while src is not None:
-            if (not reshaped and (src._format != fmt or src._shape != shape)) \
-                    or src._vals.data_ptr() != before.data_ptr() or src._vals.numel() != before.numel():
+            if (back is None and (src._format != fmt or src._shape != shape)) \
+                    or src._vals.data_ptr() != before.data_ptr() \
+                    or src._vals.numel() * src._vals.element_size() != before.numel() * before.element_size():
                 self._source = None   # it went its own way: no longer an alias (nor kept alive by one)
                 return
-            if reshaped:   # a view of another shape on the source's values: the new entries in its shape
-                from .ops.shape import reshape
-                other = reshape(other, src._shape).asformat(src._format, index_dtype=src.index_dtype)
+            if back is not None:   # a view of another shape / dtype on the source's values: the new
+                other = back(other, src)   # entries as the source holds them
             fmt, shape, before, nxt = src._format, src._shape, src._vals, getattr(src, "_source", None)
-            reshaped = src._source_reshaped
+            back = src._source_back
             src._become(other._like(values=other._vals.to(src._vals.dtype), nnz=other._stored))
             torch.autograd.graph.increment_version(src)
             src = nxt
 
-    def _alias_of(self, source: "SparseTensor", reshaped: bool = False) -> "SparseTensor":
+    def _alias_of(self, source: "SparseTensor", back=None) -> "SparseTensor":
         """Record that this tensor shares ``source``'s storage when ``source`` is a leaf (a
         parameter's ``p.data``): a strong reference, as a view's to its base -- not to a result,
         whose autograd graph it would keep alive (``h = h.detach()`` in a loop) -- and no weak
-        reference on ``source``, which ``torch.utils.swap_tensors`` refuses.  ``reshaped``: this
-        tensor is a view of another shape on ``source``'s values (``w.view_as(q)``), which a write
-        changing its pattern reaches reshaped back (:meth:`_restore`)."""
+        reference on ``source``, which ``torch.utils.swap_tensors`` refuses.  ``back(new, source)``:
+        this tensor is a view of another shape or dtype on ``source``'s values (``w.view_as(q)``,
+        ``torch.view_as_real(w)``), and gives a write changing its pattern in ``source``'s terms
+        (:meth:`_restore`)."""
         with torch._C.DisableTorchFunctionSubclass():
             leaf = source.grad_fn is None
         if leaf:
-            self._source, self._source_reshaped = source, reshaped
+            self._source, self._source_back = source, back
         return self
 
     def _count_nnz(self) -> int:
@@ -191,10 +192,13 @@ class SparseTensor(torch.Tensor):
     def _like(self, fmt=None, shape=None, pos=None, crd=None, values=None, nnz=None) -> "SparseTensor":
         """A new SparseTensor sharing whatever is not replaced (pass ``nnz`` when the
         pattern is unchanged, to skip recounting)."""
-        return SparseTensor(
+        out = SparseTensor(
             self._format if fmt is None else fmt, self._shape if shape is None else shape,
             self._pos if pos is None else pos, self._crd if crd is None else crd,
             self._vals if values is None else values, nnz=nnz)
+        if self._copy_note and (values is None or values.data_ptr() == self._vals.data_ptr()):
+            out._copy_note = self._copy_note   # (x.real.t(), x.real.detach(): the copy's values, its writes lost too)
+        return out
 
     # ------------------------------------------------------------ metadata
     # shape, dtype, device, ndim, dim() and numel() read the tensor's own fields: torch's take a
@@ -473,6 +477,14 @@ class SparseTensor(torch.Tensor):
     def indices(self) -> torch.Tensor:
         """``ndim x nnz`` int64 coordinates of the stored entries (as torch's COO ``indices()``)."""
         return self.coo()[0]
+
+    def _coo_values(self) -> torch.Tensor:
+        """torch's COO ``_values()``: the stored entries' values, paired with :meth:`indices`
+        (``values()`` less a padded format's unused slots); differentiable."""
+        if self._stored == self._vals.numel():
+            return self.values()
+        _, _, where = convert.coords_of(self._format, self._shape, self._pos, self._crd, self._vals, positions=True)
+        return self.values()[where]
 
     def _nnz(self) -> int:
         """torch's ``_nnz()``: the number of stored entries."""

@@ -186,10 +186,10 @@ def openmp_runtime() -> str | None:
 
 
 def _flags() -> list[str]:
-    # SCORCH_CFLAGS_OVERRIDE set but empty counts as unset, as an empty SCORCH_CC does (no flags at
+    # SCORCH_CFLAGS_OVERRIDE set but blank counts as unset, as an empty SCORCH_CC does (no flags at
     # all built no library, and the error blamed scorch)
-    override = os.environ.get("SCORCH_CFLAGS_OVERRIDE")
-    flags = _split("SCORCH_CFLAGS_OVERRIDE") if override else list(DEFAULT_FLAGS)
+    override = os.environ.get("SCORCH_CFLAGS_OVERRIDE", "")
+    flags = _split("SCORCH_CFLAGS_OVERRIDE") if override.strip() else list(DEFAULT_FLAGS)
     return flags + _split("SCORCH_CFLAGS")
 
 
@@ -309,8 +309,19 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
 
 
+def _before_fork() -> None:
+    """With ``SCORCH_NO_CACHE=1`` the parent makes its private dir before a fork, so that the children
+    (DataLoader workers started before the first kernel) share it rather than each making one that
+    outlives it (:func:`_private`)."""
+    if os.environ.get("SCORCH_NO_CACHE") == "1" and not _private_dir:
+        try:
+            _private()
+        except OSError:
+            pass
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 def _umask() -> int:

@@ -132,6 +132,8 @@ def sparse_mask(input, mask):
     if not isinstance(input, torch.Tensor) or tuple(input.shape) != tuple(mask.shape):
         raise ScorchValueError(f"sparse_mask: input and mask must have the same shape, got "
                                f"{tuple(getattr(input, 'shape', ()))} and {tuple(mask.shape)}")
+    if not isinstance(input, SparseTensor) and input.layout != torch.strided:
+        input = as_sparse(input)   # (a torch.sparse input: read at the mask's positions as scorch's)
     return in_pattern(mask.detach(), project(input, mask))
 
 

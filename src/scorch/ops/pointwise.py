@@ -486,6 +486,8 @@ def _every_position_if_unset(x: SparseTensor, only_if_empty: bool = False) -> No
         return
     if getattr(x, "_unset", False) and x._stored < math.prod(x._shape):
         n = len(x._shape)
+        check_dense_size("filling every position of an empty_like / new_empty SparseTensor stores them all, and",
+                         [x])   # (a 60000 x 60000 DCSR of 2 entries: 3.6e9 positions, unchecked)
         x._restore(SparseTensor(Format([dense] * n), x._shape, (None,) * n, (None,) * n,
                                torch.zeros(math.prod(x._shape), dtype=x.dtype)))
 
@@ -750,7 +752,13 @@ def view_as_real(x):
                       values=torch.view_as_real(x._vals.detach()).reshape(-1), nnz=2 * x._stored)
     if x._needs_grad():
         return pattern.with_values(torch.view_as_real(x.values()).reshape(-1))
-    return pattern
+    return pattern._alias_of(x, back=_complex_back)   # (a write adding entries reaches x too)
+
+
+def _complex_back(new: SparseTensor, source: SparseTensor) -> SparseTensor:
+    """A ``view_as_real`` view's new storage (its pair level kept: writes rebuild in its format) as
+    the complex source holds it (:meth:`SparseTensor._restore`)."""
+    return view_as_complex(new).asformat(source._format, index_dtype=source.index_dtype)
 
 
 @implements(torch.view_as_complex)

@@ -128,9 +128,14 @@ def _view_like(x: SparseTensor, shape, coords, ids):
     if pattern._vals.numel() == n and bool((pattern._vals == torch.arange(1, n + 1)).all()):
         out = x._on_values_of(pattern)   # (a write adding entries to it reaches a leaf x too)
         if isinstance(out, SparseTensor) and out._vals.data_ptr() == x._vals.data_ptr():
-            out._alias_of(x, reshaped=True)
+            out._alias_of(x, back=_reshaped_back)
         return out
     return take_positions(pattern, x.values())
+
+
+def _reshaped_back(new: SparseTensor, source: SparseTensor) -> SparseTensor:
+    """A reshape view's new storage in its source's shape and format (:meth:`SparseTensor._restore`)."""
+    return _reshape(new, source._shape, "reshape").asformat(source._format, index_dtype=source.index_dtype)
 
 
 def _alias(x: SparseTensor) -> SparseTensor:
