@@ -1,6 +1,7 @@
 """Formats: construction, validation, names, capabilities, mode-order changes."""
 
 import pytest
+import torch
 
 import scorch
 from scorch import Format, compressed, dense, padded, singleton
@@ -81,6 +82,8 @@ def test_permuted_is_a_mode_order_change():
     (lambda: preset("csc", 1), "at least 2 dims"),
     (lambda: scorch.formats.bsr(0, 2), "positive ints"),
     (lambda: resolve(scorch.formats.csr, 3), "pass format='csr' as a string"),
+    (lambda: resolve("csc", 1, arg="set_weight: out_format"), "^set_weight: out_format: format 'csc' needs a tensor"),
+    (lambda: resolve(scorch.formats.bsr(2, 2), 4, arg="x"), r"^x: .* give scorch.Format\(levels, order, block\) 8 levels"),
 ])
 def test_bad_formats_raise_clear_errors(bad, match):
     with pytest.raises((ValueError, TypeError), match=match):
@@ -112,3 +115,17 @@ def test_format_cache_key_follows_equality_and_pickling():
     back = pickle.loads(pickle.dumps(csc))
     assert back == saved and back._key == saved._key == scorch.formats.csc._key
     assert hash(back) == hash(scorch.formats.csc)
+
+
+def test_a_blocked_formats_hint_works():
+    """A 2-d blocked format for a 4-d tensor suggested "pass format='bsr2x2' as a string", a name no
+    call takes; the hint now describes a Format with a block size per dim, and that Format resolves."""
+    with pytest.raises(ValueError) as err:
+        resolve(scorch.formats.bsr(2, 2), 4, arg="out_format")
+    assert "as a string" not in str(err.value) and "'bsr2x2'" not in str(err.value)
+    with pytest.raises(ValueError, match="unknown format name 'bsr2x2'"):
+        scorch.as_sparse(torch.ones(2, 2), "bsr2x2")   # (so it must not be suggested)
+    four = Format([dense, compressed, dense, dense] + [dense] * 4, order=tuple(range(8)), block=(2, 2, 1, 1))
+    assert resolve(four, 4, arg="out_format") is four
+    w = torch.arange(64.).reshape(4, 4, 2, 2) * (torch.arange(4) % 2 == 0).view(4, 1, 1, 1)
+    assert torch.equal(scorch.as_sparse(w, four).to_dense(), w)

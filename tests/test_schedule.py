@@ -2,6 +2,7 @@
 computes and trains like the dense model with the same entries masked (the oracle: plain torch
 with masks), its intermediate outputs sparsified on every call."""
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -133,3 +134,55 @@ def test_schedule_errors_name_the_entry():
         s.build()
     with pytest.raises(ValueError, match="is a submodule's output"):
         s["attn"].block(2, 2)
+
+
+def test_reading_an_entry_changes_nothing_build_does():
+    """``s[name].format()`` or ``repr(s[name])`` only read: they registered a KeepAll/csr entry that
+    build() then made sparse (a weight) or refused (an output without a sparsifier, a tied weight's
+    other name).  Oracle: the dense model with the one scheduled weight masked."""
+    torch.manual_seed(0)
+    dense_model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    s = create_schedule(dense_model)
+    s["0.weight"].sparsify(ScalarFractionSparsifier(0.5))
+    assert str(s["2.weight"].format()) == "csr"
+    assert "not scheduled" in repr(s["1"]) and "not scheduled" in repr(s["2.weight"])
+    assert [e.name for e in s] == ["0.weight"]
+    built = s.build()
+    assert not isinstance(built[2].weight, scorch.SparseTensor)
+    W = dense_model[0].weight.detach()
+    keep = W.abs() > W.abs().flatten().kthvalue(32).values
+    torch.testing.assert_close(built[0].weight.to_dense(), W * keep)
+    x = torch.randn(5, 8)
+    ref = dense_model[2](torch.relu(x @ (W * keep).T + dense_model[0].bias))
+    torch.testing.assert_close(built(x), ref)
+    s["1"].set_format("csr")   # scheduled now: its repr says what build() needs
+    assert "sparsifier=None (set one with .sparsify)" in repr(s["1"])
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.e, self.h = nn.Embedding(10, 8), nn.Linear(8, 10, bias=False)
+            self.h.weight = self.e.weight
+    tied = Tied()
+    s = create_schedule(tied)
+    s["e.weight"].sparsify(ScalarFractionSparsifier(0.5))
+    s["h.weight"].format()
+    E = tied.e.weight.detach()
+    keep = E.abs() > E.abs().flatten().kthvalue(40).values
+    torch.testing.assert_close(s.build().h.weight.to_dense(), E * keep)
+
+
+def test_schedule_errors_name_the_argument_and_block_takes_numpy_ints():
+    """A preset name that does not fit the axes named no entry; np.int64 block sizes are ints; a
+    parametrized weight's name points at the parameter holding it (it suggested an unrelated one)."""
+    import torch.nn.utils.parametrize as P
+    m = nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 2))
+    P.register_parametrization(m[0], "weight", nn.Identity())
+    with pytest.raises(ValueError, match=r"'0.weight' is parametrized, held by the parameter "
+                                         r"'0.parametrizations.weight.original'"):
+        create_schedule(m)["0.weight"]
+    s = create_schedule(model())
+    with pytest.raises(ValueError, match=r"schedule\['linear1.weight'\].set_format: format 'csc' needs a tensor "
+                                         r"of at least 2 dims"):
+        s["linear1.weight"].block(2, 2).set_format("csc", axis=[0])
+    assert s["linear2.weight"].block(np.int64(4), 4).set_format("csr").format().block == (4, 4)

@@ -367,13 +367,29 @@ def _preset_name(fmt: Format) -> str | None:
     return None
 
 
-def resolve(fmt, ndim: int, *, arg: str = "format") -> Format:
-    """Turn a format argument (a name or a :class:`Format`) into a Format for ``ndim`` dims."""
+def resolve(fmt, ndim: int, *, arg: str | None = None) -> Format:
+    """Turn a format argument (a name or a :class:`Format`) into a Format for ``ndim`` dims; errors
+    name ``arg`` (the argument it came as) when given."""
     if isinstance(fmt, str):
-        return preset(fmt, ndim)
+        try:
+            return preset(fmt, ndim)
+        except ScorchValueError as err:   # (a name that does not fit the dims: say which argument)
+            if arg is None:
+                raise
+            raise ScorchValueError(f"{arg}: {err}") from None
     if isinstance(fmt, Format):
         if fmt.ndim != ndim:
-            hint = f" (pass format={fmt.name!r} as a string to adapt it to {ndim} dims)" if fmt.name else ""
-            raise ScorchValueError(f"{arg}: {fmt} stores {fmt.ndim}-d tensors, got a {ndim}-d tensor{hint}")
+            raise ScorchValueError(f"{arg or 'format'}: {fmt} stores {fmt.ndim}-d tensors, got a {ndim}-d "
+                                   f"tensor{_other_dims_hint(fmt, ndim)}")
         return fmt
-    raise ScorchTypeError(f"{arg} must be a format name (str) or a scorch.Format, got {type(fmt).__name__}")
+    raise ScorchTypeError(f"{arg or 'format'} must be a format name (str) or a scorch.Format, "
+                          f"got {type(fmt).__name__}")
+
+
+def _other_dims_hint(fmt: Format, ndim: int) -> str:
+    """How to store ``ndim`` dims in ``fmt``'s kind: an unblocked preset's name adapts to the dims; a
+    blocked format's display name (``'bsr2x2'``) is no name ``resolve`` takes, so none is suggested."""
+    if fmt.block:
+        return (f" (a blocked format has one block size per dim: for {ndim} dims give scorch.Format(levels, order, "
+                f"block) {2 * ndim} levels and {ndim} block sizes, or split with a schedule's block())")
+    return f" (pass format={fmt.name!r} as a string to adapt it to {ndim} dims)" if fmt.name else ""

@@ -26,7 +26,7 @@ from torch import nn
 
 from .errors import ScorchTypeError, ScorchValueError
 from .format import Format, check_format, resolve
-from .sparsify import KeepAll, Sparsifier, SparsityBuilder, did_you_mean
+from .sparsify import KeepAll, Sparsifier, SparsityBuilder, as_int, did_you_mean, parametrized_hint
 
 __all__ = ["create_schedule", "Schedule", "TensorSchedule"]
 
@@ -40,6 +40,7 @@ class TensorSchedule:
         self._block: tuple | None = None
         self._formats: list = []        # (axes, Format or name) in the order set
         self._sparsifier: Sparsifier | None = None
+        self._scheduled = False         # set by block / set_format / sparsify: build() skips an entry only read
 
     def _where(self) -> str:
         return f"schedule[{self.name!r}]"
@@ -51,13 +52,15 @@ class TensorSchedule:
         if self.ndim is None:
             raise ScorchValueError(f"{self._where()}.block: blocks split a parameter; {self.name!r} is a "
                                    "submodule's output")
-        if len(shape) != self.ndim or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in shape):
+        sizes = tuple(as_int(b) for b in shape)   # (numpy ints and 0-d int tensors are ints, as in the sparsifiers)
+        if len(shape) != self.ndim or any(b is None or b < 1 for b in sizes):
             raise ScorchValueError(f"{self._where()}.block: expects {self.ndim} positive ints (one per dim), got "
                                    f"{shape}")
         if self._formats:
             raise ScorchValueError(f"{self._where()}.block: call block before set_format (the axes it names "
                                    "depend on the split)")
-        self._block = tuple(shape)
+        self._block = sizes
+        self._scheduled = True
         return self
 
     def set_format(self, format, axis=None) -> "TensorSchedule":
@@ -65,6 +68,7 @@ class TensorSchedule:
         if axis is None:
             check_format(format, arg=f"{self._where()}.set_format")
             self._formats = [(None, format)]
+            self._scheduled = True
             return self
         if self.ndim is None:
             raise ScorchValueError(f"{self._where()}.set_format: axis= applies to a parameter; {self.name!r} is a "
@@ -81,6 +85,7 @@ class TensorSchedule:
             raise ScorchValueError(f"{self._where()}.set_format: {fmt} is blocked itself; split with block() and "
                                    "give the axes unblocked formats")
         self._formats = [f for f in self._formats if f[0] is not None] + [(axes, fmt)]
+        self._scheduled = True
         return self
 
     def sparsify(self, sparsifier: Sparsifier) -> "TensorSchedule":
@@ -89,6 +94,7 @@ class TensorSchedule:
             raise ScorchTypeError(f"{self._where()}.sparsify: expects a scorch.sparsify Sparsifier, got "
                                   f"{type(sparsifier).__name__}")
         self._sparsifier = sparsifier
+        self._scheduled = True
         return self
 
     def format(self):
@@ -117,13 +123,17 @@ class TensorSchedule:
 
     def __repr__(self) -> str:
         what = "output" if self.ndim is None else "parameter"
+        if not self._scheduled:
+            return f"TensorSchedule({self.name!r} ({what}): not scheduled, build() leaves it as it is)"
         block = f", block={self._block}" if self._block else ""
         try:
             fmt = self.format()
         except ScorchValueError as err:   # (a repr never raises: a schedule still being written says so)
             fmt = f"<incomplete: {err}>"
-        return f"TensorSchedule({self.name!r} ({what}): format={fmt}{block}, " \
-               f"sparsifier={self._sparsifier or KeepAll()!r})"
+        # (an output has no default sparsifier: build() asks for one)
+        chosen = repr(self._sparsifier or KeepAll()) if self._sparsifier or self.ndim is not None \
+            else "None (set one with .sparsify)"
+        return f"TensorSchedule({self.name!r} ({what}): format={fmt}{block}, sparsifier={chosen})"
 
 
 class Schedule:
@@ -137,6 +147,8 @@ class Schedule:
         self._entries: dict = {}
 
     def __getitem__(self, name: str) -> TensorSchedule:
+        """The entry of ``name``, created on first use; only calling its block / set_format / sparsify
+        schedules it (reading it, ``.format()`` or its repr, changes nothing ``build()`` does)."""
         if name not in self._entries:
             params = dict(self.model.named_parameters(remove_duplicate=False))
             modules = {k: m for k, m in self.model.named_modules(remove_duplicate=False) if k}
@@ -145,12 +157,13 @@ class Schedule:
             elif name in modules:
                 self._entries[name] = TensorSchedule(name, None)
             else:
-                raise ScorchValueError(f"schedule: the model has no parameter or submodule {name!r}"
-                                       f"{did_you_mean(name, list(params) + list(modules))}")
+                hint = parametrized_hint(self.model, name) or did_you_mean(name, list(params) + list(modules))
+                raise ScorchValueError(f"schedule: the model has no parameter or submodule {name!r}{hint}")
         return self._entries[name]
 
     def __iter__(self):
-        return iter(self._entries.values())
+        """The scheduled entries (not those only read)."""
+        return iter([e for e in self._entries.values() if e._scheduled])
 
     def __repr__(self) -> str:
         return "Schedule(\n" + "".join(f"  {e!r},\n" for e in self) + ")"
