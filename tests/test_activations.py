@@ -84,3 +84,27 @@ def test_channel_dropouts_keep_the_pattern_and_draw_torchs_noise(op, shape):
     torch.testing.assert_close(P.grad.to_dense(), xd.grad * (x != 0))
     with pytest.raises(ValueError, match="dropout probability has to be between 0 and 1, but got 1.5"):
         op(A, 1.5)
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "ell"])
+def test_gumbel_softmax_of_sparse_logits_samples_among_stored_entries(fmt):
+    # torch's body gave NaN (noise drawn for the stored entries, log(0) at the absent ones) and
+    # hard=True raised (an aten scatter_ into the SparseTensor it made)
+    x = torch.tensor([[1., 0, 2, 0], [0, 3, 0, 0], [0.5, 0.5, 0, 1]])
+    A = scorch.as_sparse(x, fmt).requires_grad_()
+    for hard in (False, True):
+        torch.manual_seed(0)
+        g = F.gumbel_softmax(A, tau=0.5, hard=hard)
+        d = g.to_dense()
+        torch.testing.assert_close(d.sum(1), torch.ones(3))
+        assert bool((d[x == 0] == 0).all()) and bool((d >= 0).all())
+        if hard:
+            assert bool(((d == 0) | (d == 1)).all())
+        g.values().sum().backward()
+    # the oracle's noise model: with one stored entry per row the sample is that entry
+    one = scorch.as_sparse(torch.eye(3) * 5, fmt)
+    assert torch.equal(F.gumbel_softmax(one, hard=True).to_dense(), torch.eye(3))
+    # an aten scatter_ into a SparseTensor a composite made works as the torch-level one
+    z = torch.zeros_like(scorch.as_sparse(x, fmt))
+    torch.ops.aten.scatter_.value(z, 1, torch.tensor([[1], [0], [3]]), 1.0)
+    assert torch.equal(z.to_dense(), torch.zeros(3, 4).scatter_(1, torch.tensor([[1], [0], [3]]), 1.0))

@@ -1171,3 +1171,41 @@ def test_writes_into_a_view_that_is_a_copy_are_refused():
     for write in (lambda r: r.__setitem__((0, 0), 5.), lambda r: r.index_put_((torch.tensor([0]),) * 2, torch.tensor(7.))):
         with pytest.raises(scorch.NotSupportedError, match="is a copy, not a view"):
             write(C.real)
+
+
+@pytest.mark.parametrize("shape", [(7, 5), (1, 3), (0, 4), (5, 0)])
+def test_rows_of_a_csr_read_off_its_row_starts(shape):
+    # A[i] / select / unbind read every stored entry per row: for row in A was quadratic
+    torch.manual_seed(0)
+    x = torch.randn(shape) * (torch.rand(shape) < 0.4)
+    A = scorch.as_sparse(x, "csr")
+    for k in (0, -1, 2, slice(1, 4), slice(None), slice(3, 1), (1, slice(None)), (None, 1), (slice(0, 3), 2), (-2,),
+              slice(2, None, 2), 9, -9):
+        try:
+            want = x[k]
+        except IndexError:
+            with pytest.raises(IndexError):
+                A[k]
+            continue
+        got = A[k]
+        check(got, want, A) if isinstance(got, SparseTensor) else torch.testing.assert_close(got, want)
+    for got, want in zip(A.unbind(0), x.unbind(0)):
+        assert torch.equal(got.to_dense(), want)
+    B = scorch.as_sparse(x, "csr").requires_grad_()
+    if shape[0] > 2:
+        B[2].to_dense().sum().backward()
+        assert torch.equal(B.grad.to_dense(), torch.zeros(shape).index_fill_(0, torch.tensor([2]), 1) * (x != 0))
+
+
+@pytest.mark.parametrize("fmt", ["csc", "ell"])
+def test_view_as_and_unflatten_copies_refuse_writes(fmt):
+    x = torch.tensor([[1., 0, 2], [0, 3, 0]])
+    A = scorch.as_sparse(x, fmt)
+    for make in (lambda a: a.view_as(torch.empty(6)), lambda a: a.unflatten(1, (3, 1))):
+        V = make(A)
+        assert torch.equal(V.to_dense(), make(x))
+        with pytest.raises(NotSupportedError, match="is a copy, not a view"):
+            V.mul_(10)
+    C = scorch.as_sparse(x, "csr")
+    C.view_as(torch.empty(6)).mul_(10)   # row-major: a view, the write reaches C
+    assert torch.equal(C.to_dense(), 10 * x)

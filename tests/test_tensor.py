@@ -720,3 +720,13 @@ def test_filling_every_position_of_a_huge_empty_like_is_refused(monkeypatch):
     H = scorch.from_coo([[0, 59999], [1, 2]], [1., 2.], (60000, 60000), format="dcsr")
     with pytest.raises(scorch.NotSupportedError, match="dense_fallback_max_bytes"):
         torch.empty_like(H).fill_(1.)
+
+
+def test_numpy_conversion_error_says_what_converted(x):
+    # A + ndarray: torch's __add__ declined the array, numpy then converted A and the error named
+    # numpy(), which the user never called
+    A = scorch.as_sparse(x, "csr")
+    for convert in (lambda: np.asarray(A), lambda: A + np.ones(tuple(x.shape))):
+        with pytest.raises(TypeError, match="numpy cannot convert a SparseTensor"):
+            convert()
+    assert torch.equal(A + torch.as_tensor(np.ones(tuple(x.shape)), dtype=x.dtype), x + 1)

@@ -569,6 +569,13 @@ class SparseTensor(torch.Tensor):
         raise ScorchTypeError("numpy(): a SparseTensor has no dense buffer; use x.to_dense().numpy() "
                               "or x.to_scipy()")
 
+    def __array__(self, dtype=None, copy=None):
+        # numpy asks for this when it converts a SparseTensor itself: np.asarray(x), or a numpy array
+        # on the other side of an operator (x + ndarray, after torch's __add__ declined it)
+        raise ScorchTypeError("numpy cannot convert a SparseTensor (np.asarray(x), or a numpy array as the other "
+                              "operand of x: convert that one with torch.as_tensor(a)); use x.to_dense().numpy() "
+                              "or x.to_scipy()")
+
     # ------------------------------------------------------------ dtype / copies
     def to(self, *args, **kwargs) -> "SparseTensor":
         kwargs = dict(kwargs)

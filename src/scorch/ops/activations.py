@@ -88,3 +88,23 @@ def _feature_dropout(inplace: bool):
 
 implements(torch.feature_dropout)(_feature_dropout(False))
 implements(torch.feature_dropout_)(_feature_dropout(True))
+
+
+@implements(F.gumbel_softmax)
+def gumbel_softmax(logits, tau=1.0, hard=False, eps=1e-10, dim=-1):
+    """``F.gumbel_softmax`` of sparse logits: Gumbel noise on the stored entries, then the sparse
+    softmax (absent entries are -inf, as torch.sparse's softmax: they never win), in the logits'
+    pattern; ``hard``: the straight-through one-hot of each slice's winner.  (torch's body drew
+    noise for the stored entries only, then took log(0) at the absent ones: NaN.)"""
+    from ..tensor import SparseTensor
+    if not isinstance(logits, SparseTensor):
+        with torch._C.DisableTorchFunctionSubclass():
+            return F.gumbel_softmax(logits, tau=tau, hard=hard, eps=eps, dim=dim)
+    noise = -torch.empty_like(logits._vals).exponential_().log()
+    y_soft = torch.softmax(logits.with_values((logits.values() + noise) / tau), dim)
+    if not hard:
+        return y_soft
+    index = y_soft.detach().to_dense().argmax(dim, keepdim=True)
+    y_hard = torch.zeros_like(y_soft.detach().to_dense()).scatter_(dim, index, 1.0)
+    from ._pattern import project
+    return y_soft.with_values(project(y_hard, y_soft) - y_soft.values().detach() + y_soft.values())

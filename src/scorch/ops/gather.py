@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .._dispatch import accepts_out, broadcast_shapes, check_dense_size, dense_fallback, implements
+from .._dispatch import accepts_out, broadcast_shapes, check_dense_size, dense_fallback, implements, implements_aten
 from ..errors import ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
 from ..interop import as_sparse
@@ -275,6 +275,11 @@ for _name in ("scatter", "scatter_add", "scatter_reduce"):
     for _owner in (torch, torch.Tensor):
         implements(getattr(_owner, _name))(_scatter(getattr(_owner, _name), _name))
     implements(getattr(torch.Tensor, _name + "_"))(_scatter(getattr(torch.Tensor, _name + "_"), _name + "_"))
+    # the aten forms, which torch's composites issue on a SparseTensor they made (gumbel_softmax's
+    # hard one-hot: zeros_like(logits).scatter_(...) fell to the dense fallback, which refuses writes)
+    for _op in getattr(torch.ops.aten, _name + "_").overloads():
+        implements_aten(getattr(getattr(torch.ops.aten, _name + "_"), _op))(
+            _scatter(getattr(torch.Tensor, _name + "_"), _name + "_"))
 
 
 # ---------------------------------------------------------------- embedding lookups in a sparse table

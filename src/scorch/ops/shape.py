@@ -315,7 +315,14 @@ def unflatten(input, dim, sizes):
     """Split dim ``dim`` into ``sizes`` (one of them may be -1)."""
     d, shape = _dim(dim, input.dim(), "unflatten"), input._shape
     part = _infer(_sizes((sizes,), "unflatten"), shape[d], (shape[d],), "unflatten")
-    return _reshape(input, shape[:d] + part + shape[d + 1:], "unflatten")
+    return _as_view(input, _reshape(input, shape[:d] + part + shape[d + 1:], "unflatten"), "unflatten")
+
+
+@implements(torch.Tensor.view_as)
+def view_as(self, other):
+    """``x.view_as(y)``: :func:`view` to ``y``'s shape (through aten's view it skipped the copy's
+    guard: ``nn.init.orthogonal_``'s ``w.view_as(q).copy_(q)`` of a CSC weight was lost)."""
+    return view(self, tuple(other.shape))
 
 
 @implements(torch.unsqueeze, torch.Tensor.unsqueeze)
@@ -507,6 +514,31 @@ def _check_advanced(items, key) -> None:
             raise _unsupported_key(key, "a tensor index separated from an int index")
 
 
+def _leading_rows(x: SparseTensor, items):
+    """``(coords, ids)`` of a 2-d CSR's entries in the rows its key's first item selects (an int, a
+    slice of step 1), read off the row starts -- work for those rows, not for every stored entry
+    (``for row in A`` was quadratic); None for any other key or format (all entries, then filtered)."""
+    fmt = x._format
+    if len(x._shape) != 2 or fmt.block or fmt.order != (0, 1) or [lv.kind for lv in fmt.levels] != \
+            ["dense", "compressed"]:
+        return None
+    kind, v = next((item for item in items if item[0] != "new"), ("new", None))
+    n = x._shape[0]
+    if kind == "int" and isinstance(v, int) and not isinstance(v, bool) and -n <= v < n:
+        r0 = v % n
+        r1 = r0 + 1
+    elif kind == "slice" and v.step in (None, 1):
+        r0, r1, _ = v.indices(n)
+        r1 = max(r0, r1)
+    else:
+        return None
+    pos = x._pos[1]
+    a, b = int(pos[r0]), int(pos[r1])
+    counts = (pos[r0 + 1:r1 + 1] - pos[r0:r1]).to(_I64)
+    rows = torch.repeat_interleave(torch.arange(r0, r1, dtype=_I64), counts)
+    return torch.stack([rows, x._crd[1][a:b].to(_I64)]), torch.arange(a, b, dtype=_I64)
+
+
 def _index_dim(coords, ids, d: int, kind: str, v, size: int):
     """Apply one index item to dim ``d``: the kept entries and the dim's new size
     (None when an int index removes the dim)."""
@@ -600,7 +632,7 @@ def getitem(x, key):
     if sum(kind == "take" for kind, _ in items) > 1 or any(kind == "take" and torch.as_tensor(v).dim() != 1
                                                            for kind, v in items):
         return _points(x, items, key)
-    coords, ids = entries(x)
+    coords, ids = _leading_rows(x, items) or entries(x)
     rows, shape, d = [], [], 0  # rows: the input dim of each output dim (None: a new dim)
     for kind, v in items:
         if kind == "new":
