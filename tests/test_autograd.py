@@ -707,3 +707,18 @@ def test_gather_with_an_empty_index_stays_in_the_graph():
         got.sum().backward()
         want.sum().backward()
         torch.testing.assert_close(A.grad.to_dense(), d.grad)
+
+
+def test_forward_mode_tangent_of_a_sparse_product_stays_in_the_reverse_graph():
+    # the tangent of lin(dual sparse x) came from the raw kernel: not in W's graph, so its grad raised
+    import torch.autograd.forward_ad as fwAD
+    torch.manual_seed(0)
+    x = torch.tensor([[1., 0, 2], [0, 3, 0]])
+    lin = torch.nn.Linear(3, 2)
+    grads = []
+    for t in (x, scorch.as_sparse(x, format="csr")):
+        with fwAD.dual_level():
+            tangent = fwAD.unpack_dual(lin(fwAD.make_dual(t, t.clone()))).tangent
+            assert tangent.requires_grad
+            grads.append(torch.autograd.grad(tangent.sum(), lin.weight)[0])
+    torch.testing.assert_close(grads[1], grads[0])

@@ -456,8 +456,12 @@ class _Einsum(torch.autograd.Function):
         ops = tuple(map(_unwrapped, tensors[:len(tensors) - ctx.n_init]))
         tangents = [None if t is None or (isinstance(t, SparseTensor) and not bool(t._vals.any()))
                     else _unwrapped(t) for t in tangents]   # (no tangent: torch hands a SparseTensor zeros)
-        out = _tangent_sum(einsum if _functorch_level() is not None else driver.einsum, ctx.equation, ctx.format,
-                           ops, tangents)
+        # the differentiable einsum under torch.func, or when an operand or tangent requires grad (the
+        # tangent of lin(dual x) is in W's graph: the raw kernel left it out, and its grad raised)
+        tracked = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                                  for t in (*ops, *tangents))
+        run = einsum if _functorch_level() is not None or tracked else driver.einsum
+        out = _tangent_sum(run, ctx.equation, ctx.format, ops, tangents)
         if isinstance(out, SparseTensor):
             raise NotSupportedError(f"einsum {ctx.equation!r}: forward-mode AD of a sparse result is not supported")
         return out
