@@ -380,3 +380,15 @@ def test_addr_of_bools_takes_alpha_and_beta_as_bools(fmt, beta, alpha):
         got = dense(torch.addr(*args, beta=beta, alpha=alpha))
         assert got.dtype == torch.bool
         assert torch.equal(got, want)
+
+
+def test_einsum_add_of_bools_stays_bool():
+    # the dense path added the inits with sum(init), which starts from 0: a bool result became int64
+    from scorch.ops.einsum import einsum_add
+    v, w = torch.tensor([True, True]), torch.tensor([True, False])
+    b = torch.tensor([[False, True], [False, False]])
+    got = einsum_add("i,j->ij", (scorch.as_sparse(v), w), (b,))
+    want = torch.einsum("i,j->ij", v, w) + b
+    assert got.dtype == want.dtype == torch.bool and torch.equal(got, want)
+    got = torch.addr(b, scorch.as_sparse(v), w)
+    assert torch.equal(got.to_dense() if isinstance(got, scorch.SparseTensor) else got, torch.addr(b, v, w))

@@ -113,7 +113,7 @@ def _einsum(equation: str, operands, format, init):
         dense = [x.to_dense() if isinstance(x, SparseTensor) else x for x in driver._operands(operands)]
         common = functools.reduce(torch.promote_types, [x.dtype for x in dense])
         out = torch.einsum(equation, *[x.to(common) for x in dense])   # (scorch's kernels promote: so here)
-        return out + sum(init) if init else out
+        return driver._add_init(out, init)   # (one by one: sum(init) started from 0, making bools int64)
     tensors = operands + init
     if _fwAD._current_level >= 0 and _above_autograd() and any(
             type(x) is SparseTensor and _fwAD.unpack_dual(x._vals).tangent is not None for x in operands):
@@ -147,7 +147,7 @@ def _complex(equation: str, operands: tuple, format, init: tuple):
             raise NotSupportedError(f"einsum {equation!r}: the real and imaginary parts of this complex sparse "
                                     "result came out in different patterns; compute it on x.to_dense()")
         out = re.with_values(torch.complex(re.values(), im.values()))   # (differentiable, as the dense case)
-        return out if not init else out + sum(init)
+        return driver._add_init(out, init)
     out = torch.complex(re, im)
     for t in init:
         out = out + t

@@ -183,7 +183,7 @@ def _scaled_sum(name, equation, input, a, b, beta, alpha):
                                   f"numbers (as torch's), got alpha={alpha!r}, beta={beta!r}")
         alpha, beta = (bool(alpha), bool(beta)) if common == torch.bool else (_as_integer(alpha), _as_integer(beta))
     if beta == 1 and alpha == 1 and isinstance(input, torch.Tensor) and not is_sparse(input) \
-            and (is_sparse(a) or is_sparse(b)) and common != torch.bool:   # (bool: its kernel gave int64)
+            and (is_sparse(a) or is_sparse(b)):
         return einsum_add(equation, (a, b), (input,))  # input starts the accumulators
     prod = einsum(equation, a, b) if (is_sparse(a) or is_sparse(b)) else torch.einsum(equation, a, b)
     if broadcast_shapes(input.shape, prod.shape) != tuple(prod.shape):
