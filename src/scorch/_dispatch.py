@@ -310,7 +310,7 @@ def check_write(name: str, t: SparseTensor) -> None:
     if t._copy_note:
         raise NotSupportedError(f"{name}: {t._copy_note}: this in-place write would not reach x; compute out of "
                                 "place")
-    if getattr(t, "_grad_view", False) and torch.is_grad_enabled():
+    if t._grad_view and torch.is_grad_enabled():
         with torch._C.DisableTorchFunctionSubclass():
             tracked = t.requires_grad
         if tracked:

@@ -61,6 +61,7 @@ class SparseTensor(torch.Tensor):
     _vals: torch.Tensor
     # flags most tensors leave unset, read on every in-place write (a class default: no __getattr__ call)
     _grad_view = False   # values shared with a tensor that requires grad: writes refused in grad mode
+    _source = None        # the leaf whose storage this tensor shares (x.data, x.detach(), a view: _alias_of)
     _source_back = None   # (new storage, _source) -> the source's: a view of another shape / dtype
     _copy_note = None    # "x.real of ... is a copy, not a view (...)": writes into it refused (check_write)
 
@@ -141,7 +142,7 @@ class SparseTensor(torch.Tensor):
         tensor it was detached from (``x.data``, ``x.detach()``: :attr:`_source`) while that one is
         still on the storage this one had -- as a dense tensor's base sees a write into its storage.
         (Only that way: an alias is not told of a write into its source.)"""
-        fmt, shape, before, src = self._format, self._shape, self._vals, getattr(self, "_source", None)
+        fmt, shape, before, src = self._format, self._shape, self._vals, self._source
         back = self._source_back
         self._become(other)
         torch.autograd.graph.increment_version(before)   # (values saved for a backward are stale now)
@@ -153,7 +154,7 @@ class SparseTensor(torch.Tensor):
                 return
             if back is not None:   # a view of another shape / dtype on the source's values: the new
                 other = back(other, src)   # entries as the source holds them
-            fmt, shape, before, nxt = src._format, src._shape, src._vals, getattr(src, "_source", None)
+            fmt, shape, before, nxt = src._format, src._shape, src._vals, src._source
             back = src._source_back
             src._become(other._like(values=other._vals.to(src._vals.dtype), nnz=other._stored))
             torch.autograd.graph.increment_version(src)

@@ -1,6 +1,6 @@
 """``torch.nn.functional`` activations written in Python over other ops (``glu``, ``softsign``,
-``rrelu``, the alpha dropouts, channel dropout) on a SparseTensor.  torch runs such a function's body with
-subclass handling off once it has been handed over, so its inner ops would reach the dense
+``rrelu``, the alpha dropouts, channel dropout, ``gumbel_softmax``) on a SparseTensor.  torch runs
+such a function's body with subclass handling off once it has been handed over, so its inner ops would reach the dense
 fallback; here they are spelled with scorch's sparse ops instead."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from .._dispatch import implements
 from ..errors import NotSupportedError, ScorchValueError
+from ._pattern import project
 
 
 @implements(F.glu)
@@ -96,15 +97,10 @@ def gumbel_softmax(logits, tau=1.0, hard=False, eps=1e-10, dim=-1):
     softmax (absent entries are -inf, as torch.sparse's softmax: they never win), in the logits'
     pattern; ``hard``: the straight-through one-hot of each slice's winner.  (torch's body drew
     noise for the stored entries only, then took log(0) at the absent ones: NaN.)"""
-    from ..tensor import SparseTensor
-    if not isinstance(logits, SparseTensor):
-        with torch._C.DisableTorchFunctionSubclass():
-            return F.gumbel_softmax(logits, tau=tau, hard=hard, eps=eps, dim=dim)
-    noise = -torch.empty_like(logits._vals).exponential_().log()
+    noise = -torch.empty_like(logits._vals).exponential_().log()   # (logits: the call's only tensor, sparse)
     y_soft = torch.softmax(logits.with_values((logits.values() + noise) / tau), dim)
     if not hard:
         return y_soft
-    index = y_soft.detach().to_dense().argmax(dim, keepdim=True)
-    y_hard = torch.zeros_like(y_soft.detach().to_dense()).scatter_(dim, index, 1.0)
-    from ._pattern import project
+    soft = y_soft.detach().to_dense()
+    y_hard = torch.zeros_like(soft).scatter_(dim, soft.argmax(dim, keepdim=True), 1.0)
     return y_soft.with_values(project(y_hard, y_soft) - y_soft.values().detach() + y_soft.values())

@@ -17,7 +17,7 @@ import torch
 from .._dispatch import accepts_out, broadcast_shapes, check_dense_size, dense_fallback, implements, implements_aten
 from ..errors import ScorchIndexError, ScorchTypeError, ScorchValueError
 from ..tensor import SparseTensor
-from ..interop import as_sparse
+from ..interop import as_sparse, is_torch_sparse
 from ._pattern import in_pattern, project
 from .reduce import _entries
 from .assign import _densified, mask_points, refuse_grad, values_at, write_points
@@ -121,19 +121,14 @@ def masked_select(input, mask):
 def sparse_mask(input, mask):
     """``input`` (dense or sparse) read at ``mask``'s stored positions, in ``mask``'s pattern (its
     values ignored), as torch's ``sparse_mask``: zero where ``input`` stores nothing there;
-    differentiable w.r.t. ``input``.  A torch.sparse ``mask`` beside a SparseTensor ``input`` is
-    taken as scorch's."""
-    if isinstance(mask, torch.Tensor) and not isinstance(mask, SparseTensor) and mask.layout != torch.strided:
-        mask = as_sparse(mask)
+    differentiable w.r.t. ``input``.  A torch.sparse ``input`` or ``mask`` is taken as scorch's."""
+    input, mask = (as_sparse(t) if is_torch_sparse(t) else t for t in (input, mask))
     if not isinstance(mask, SparseTensor):
-        raise ScorchTypeError(f"sparse_mask: mask must be a sparse tensor, got a dense "
-                              f"{type(mask).__name__}" if isinstance(mask, torch.Tensor) else
-                              f"sparse_mask: mask must be a sparse tensor, got {type(mask).__name__}")
+        dense = "a dense " if isinstance(mask, torch.Tensor) else ""
+        raise ScorchTypeError(f"sparse_mask: mask must be a sparse tensor, got {dense}{type(mask).__name__}")
     if not isinstance(input, torch.Tensor) or tuple(input.shape) != tuple(mask.shape):
         raise ScorchValueError(f"sparse_mask: input and mask must have the same shape, got "
                                f"{tuple(getattr(input, 'shape', ()))} and {tuple(mask.shape)}")
-    if not isinstance(input, SparseTensor) and input.layout != torch.strided:
-        input = as_sparse(input)   # (a torch.sparse input: read at the mask's positions as scorch's)
     return in_pattern(mask.detach(), project(input, mask))
 
 
